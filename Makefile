@@ -1,0 +1,34 @@
+# The two commands of the README:
+#   make run   - set up a virtualenv, pull the small CPU models, run the main job locally
+#   make test  - set up a virtualenv with the dev tools and run the linters and the test suite
+# Both are idempotent; everything lives in .venv (torch 2.13.0 CPU build).
+
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: run test setup setup-dev clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) --upgrade pip
+
+setup: $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+
+setup-dev: $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[dev]"
+
+run: setup
+	$(BIN)/lemon models pull
+	$(BIN)/lemon eval --benchmark multiarith --method cot --pool cpu --limit 20 --out results
+
+test: setup-dev
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache

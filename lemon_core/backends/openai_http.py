@@ -1,0 +1,196 @@
+"""OpenAI-compatible HTTP backend: `vllm serve`, llama.cpp's server, OpenAI itself, anything speaking
+``POST {base_url}/chat/completions``.
+
+A batch becomes concurrent requests (bounded by ``max_concurrency``, which protects the server's KV
+cache and rate limits). The asyncio loop lives in a private background thread, so ``generate`` is a
+plain blocking call that works the same from a script, a worker thread, or code that is itself
+running inside an event loop (FastAPI) - where ``asyncio.run`` would fail.
+
+Retries: 429, 5xx and connection failures are retried with exponential backoff and jitter, honouring
+``Retry-After``. Read timeouts are not retried: a request that outlived ``timeout_s`` once will most
+likely do so again, and retrying would multiply the wait of the whole DAG level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import random
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import httpx
+
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class OpenAIBackend:
+    """Chat completions over HTTP. ``base_url`` includes the API prefix, e.g. ``http://vllm:8000/v1``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str | None = None,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 8,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise BackendError(f"base_url={base_url!r} must start with http:// or https:// (e.g. http://vllm:8000/v1)")
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+            raise BackendError(
+                f"need max_concurrency >= 1, max_retries >= 0, timeout_s > 0; got {max_concurrency}, "
+                f"{max_retries}, {timeout_s}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.extra_body = dict(extra_body or {})
+        self.headers = {"Content-Type": "application/json"}
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise BackendError(
+                    f"api_key_env={api_key_env!r}: environment variable {api_key_env} is not set"
+                )
+            self.headers["Authorization"] = f"Bearer {key}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lemon-openai-http", daemon=True)
+        self._thread.start()
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    # --- public -------------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        if not requests:
+            return []
+        return self._run(self._generate_all(list(requests)))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        if self._client is not None:
+            self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            **self.extra_body,
+            "model": self.model,
+            "messages": request.openai_messages(),
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if request.seed is not None:
+            body["seed"] = request.seed
+        return body
+
+    # --- internals ----------------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if self._loop.is_closed():
+            coro.close()
+            raise BackendError("OpenAIBackend is closed; create a new one")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _generate_all(self, requests: list[GenerationRequest]) -> list[Completion]:
+        if self._client is None:  # created inside the loop thread it will be used from
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(max_connections=self.max_concurrency),
+            )
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: GenerationRequest) -> Completion:
+        assert self._client is not None and self._semaphore is not None
+        t0 = time.perf_counter()
+        async with self._semaphore:
+            for attempt in range(self.max_retries + 1):
+                last = attempt == self.max_retries
+                try:
+                    resp = await self._client.post(self.url, json=self.payload(request), headers=self.headers)
+                except httpx.TimeoutException as e:
+                    if isinstance(e, httpx.ConnectTimeout) and not last:
+                        await asyncio.sleep(self._backoff(attempt))
+                        continue
+                    why = f"request to {self.url} timed out after {self.timeout_s} s ({type(e).__name__})"
+                    return _failed(why, t0)
+                except httpx.TransportError as e:  # refused, DNS, reset: the server is not there
+                    if not last:
+                        await asyncio.sleep(self._backoff(attempt))
+                        continue
+                    return _failed(
+                        f"cannot reach {self.base_url} (is the server running? check base_url): "
+                        f"{type(e).__name__}: {e}", t0,
+                    )
+                if resp.status_code in RETRY_STATUS and not last:
+                    await asyncio.sleep(self._backoff(attempt, resp.headers.get("retry-after")))
+                    continue
+                return _parse(resp, t0, attempts=attempt + 1)
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    def _backoff(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait: the server's Retry-After when given, else base * 2^attempt with +-50% jitter."""
+        hinted = _retry_after_s(retry_after)
+        if hinted is not None:
+            return min(hinted, self.max_backoff_s)
+        return min(self.max_backoff_s, self.backoff_s * 2**attempt) * (0.5 + random.random())
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Retry-After is either delta-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _failed(message: str, t0: float) -> Completion:
+    return Completion("", latency_s=time.perf_counter() - t0, error=message)
+
+
+def _parse(resp: httpx.Response, t0: float, attempts: int) -> Completion:
+    latency = time.perf_counter() - t0
+    if resp.status_code != 200:
+        hint = " (does base_url end with the API prefix, e.g. /v1?)" if resp.status_code == 404 else ""
+        why = f"HTTP {resp.status_code} from {resp.request.url}{hint}: {resp.text[:300]}"
+        return Completion("", latency_s=latency, error=why)
+    try:
+        data = resp.json()
+        choice = data["choices"][0]
+        text = choice["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        why = f"malformed chat completion response ({e!r}): {resp.text[:300]}"
+        return Completion("", latency_s=latency, error=why)
+    usage = data.get("usage") or {}
+    return Completion(
+        text=text,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        latency_s=latency,
+        extra={"finish_reason": choice.get("finish_reason"), "attempts": attempts, "id": data.get("id")},
+    )

@@ -1,0 +1,104 @@
+"""The ``simulated`` capacity pool: a seeded test and research environment with a KNOWN optimum.
+
+This is not a language model and never a default: a pool uses it only when its YAML says
+``backend: simulated`` (``lemon_core/configs/pool-simulated.yaml``). It exists so that training can
+be checked for *direction* on a CPU in seconds: the best spec for each benchmark is known in advance.
+
+How an agent call is answered:
+- The backend finds the task in the prompt (``Task:\\n<question>``) and looks up its gold answer in
+  the answer key, which the caller fills explicitly with ``register_examples(examples)``.
+- The call is correct with probability ``p = accuracy[benchmark]`` of this level, raised by
+  ``parent_boost`` x (fraction of parents whose output was correct) and by ``duty_bonus`` when the
+  duty is customised (differs from the base role's default). The draw is a hash of (seed, request),
+  so it is reproducible and identical on re-execution.
+- A correct call says "The answer is <gold>"; a wrong one gives a deterministic wrong answer.
+- Completion tokens are this level's ``completion_tokens``; prompt tokens are whitespace words.
+
+Known optimum of the shipped profile: MultiArith is solved by the cheap level almost always, so a
+single ``small`` agent maximises correctness - lambda * cost; GSM8K needs the ``large`` level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from lemon_core.backends.base import Completion, GenerationRequest
+
+_ANSWER_KEY: dict[str, tuple[str, str]] = {}  # question text -> (benchmark, gold answer)
+_TASK_RE = re.compile(r"Task:\n(.*?)(?:\n\nOutput of |\n\nYou give the team|\n\nNow do your duty)", re.S)
+_PARENT_RE = re.compile(r"Output of .*? \(([^)]*)\):\n(.*?)(?=\n\nOutput of |\n\nYou give|\n\nNow do)", re.S)
+
+
+def register_examples(examples: Iterable[Any]) -> int:
+    """Teach the simulated pool the gold answers of these examples (``question``/``answer``/``benchmark``)."""
+    n = 0
+    for ex in examples:
+        _ANSWER_KEY[ex.question.strip()] = (ex.benchmark, str(ex.answer))
+        n += 1
+    return n
+
+
+def _uniform(*parts: object) -> float:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _wrong_answer(gold: str) -> str:
+    if len(gold) == 1 and gold.isalpha():
+        return "B" if gold.upper() == "A" else "A"
+    try:
+        return str(int(float(gold)) + 1)
+    except ValueError:
+        return gold + "?"
+
+
+class SimulatedBackend:
+    """One capacity level of the simulated pool (see the module docstring)."""
+
+    def __init__(
+        self, level: str, accuracy: Mapping[str, float], completion_tokens: int = 64,
+        parent_boost: float = 0.3, duty_bonus: float = 0.05, seed: int = 0, default_accuracy: float = 0.5,
+    ) -> None:
+        self.level = level
+        self.accuracy = dict(accuracy)
+        self.completion_tokens = completion_tokens
+        self.parent_boost = parent_boost
+        self.duty_bonus = duty_bonus
+        self.seed = seed
+        self.default_accuracy = default_accuracy
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        return [self._answer(r) for r in requests]
+
+    def close(self) -> None:
+        pass
+
+    def _answer(self, request: GenerationRequest) -> Completion:
+        system, user = request.messages[0][1], request.messages[-1][1]
+        prompt_tokens = len(system.split()) + len(user.split())
+        found = _TASK_RE.search(user + "\n\nNow do your duty")
+        key = _ANSWER_KEY.get(found.group(1).strip()) if found else None
+        if key is None:
+            return Completion("", prompt_tokens, 0, 0.001,
+                              error="simulated pool: task not in the answer key; call register_examples()")
+        benchmark, gold = key
+        p = self.accuracy.get(benchmark, self.default_accuracy)
+        parents = _PARENT_RE.findall(user + "\n\nNow do")
+        if parents:
+            right = sum(1 for _, out in parents if out.strip().endswith(f"The answer is {gold}."))
+            p += (1 - p) * self.parent_boost * right / len(parents)
+        if self._duty_is_customised(system):
+            p = min(1.0, p + self.duty_bonus)
+        correct = _uniform(self.seed, self.level, request) < p
+        text = f"The answer is {gold if correct else _wrong_answer(gold)}."
+        return Completion(text, prompt_tokens, self.completion_tokens, 0.001)
+
+    @staticmethod
+    def _duty_is_customised(system: str) -> bool:
+        from lemon_core.roles import BASE_ROLES
+
+        duty = system.split("Your duty: ", 1)[-1].strip()
+        return duty not in BASE_ROLES.values()

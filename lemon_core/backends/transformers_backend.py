@@ -1,0 +1,177 @@
+"""In-process transformers backend: the CPU default, one padded forward pass per batch.
+
+Prompts are rendered with the tokenizer's chat template and LEFT-padded, so every row's last prompt
+token sits in the same column and new tokens are appended in lock-step; with the attention mask and
+position ids derived from it, a padded row generates exactly what it would alone (greedy).
+
+Sampling is reproducible per request: each row draws from its own ``torch.Generator`` seeded with
+``request.seed`` (or the backend seed), so a request's text does not depend on which other requests
+shared its batch. That is why the decoding loop is written here instead of calling ``model.generate``,
+whose sampling uses one global RNG stream for the whole batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TransformersBackend:
+    """Generate with a local causal LM. ``model``: local path, `lemon models` alias, or HF id.
+
+    ``self.model`` and ``self.tokenizer`` stay public so a policy/trainer can reuse the loaded weights.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        seed: int = 0,
+        max_batch_size: int = 16,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lemon_core.models import ModelError, resolve_model
+
+        if dtype not in _DTYPES:
+            raise BackendError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
+        if max_batch_size < 1:
+            raise BackendError(f"max_batch_size={max_batch_size} must be >= 1")
+        try:
+            self.model_path = resolve_model(model)
+        except ModelError as e:
+            raise BackendError(str(e)) from e
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
+        except (OSError, ValueError) as e:
+            raise BackendError(f"cannot load model {model!r} (resolved to {self.model_path!r}): {e}") from e
+        self.model.to(device).eval()
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BackendError(
+                f"model {model!r} has no chat template; give its tokenizer one (tokenizer.chat_template)"
+            )
+        self.device = torch.device(device)
+        self.seed = seed
+        self.max_batch_size = max_batch_size
+        self.eos_ids = _eos_ids(self.tokenizer, self.model)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = next(iter(self.eos_ids)) if self.eos_ids else 0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        out: list[Completion] = []
+        for i in range(0, len(requests), self.max_batch_size):
+            chunk = list(requests[i : i + self.max_batch_size])
+            try:
+                out.extend(self._generate_batch(chunk))
+            except Exception as e:  # a broken batch must not crash the executor: fail its rows
+                out.extend(Completion("", error=f"{type(e).__name__}: {e}") for _ in chunk)
+        return out
+
+    def close(self) -> None:
+        """Weights are dropped with the object; nothing else to release."""
+
+    # --- internals ----------------------------------------------------------------------------
+    def encode(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids: the chat template with the assistant turn opened."""
+        ids = self.tokenizer.apply_chat_template(
+            request.openai_messages(), add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    @torch.no_grad()
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
+        t0 = time.perf_counter()
+        prompts = [self.encode(r) for r in requests]
+        n, width = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for row, ids in enumerate(prompts):  # left padding
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        generators = [_generator(r.seed if r.seed is not None else self.seed) for r in requests]
+        max_new = max(r.max_tokens for r in requests)
+        new_tokens: list[list[int]] = [[] for _ in requests]
+        done = [r.max_tokens <= 0 for r in requests]
+
+        cache, step_ids = None, input_ids
+        for _ in range(max_new):
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            res = self.model(
+                input_ids=step_ids, attention_mask=attention, position_ids=positions,
+                past_key_values=cache, use_cache=True,
+            )
+            cache = res.past_key_values
+            logits = res.logits[:, -1, :].float()
+            next_ids = [
+                self.pad_id if done[row] else _pick(logits[row], requests[row], generators[row])
+                for row in range(n)
+            ]
+            for row, tok in enumerate(next_ids):
+                if done[row]:
+                    continue
+                if tok in self.eos_ids:
+                    done[row] = True
+                else:
+                    new_tokens[row].append(tok)
+                    done[row] = len(new_tokens[row]) >= requests[row].max_tokens
+            if all(done):
+                break
+            step_ids = torch.tensor(next_ids, dtype=torch.long, device=self.device).unsqueeze(1)
+            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], 1)
+
+        latency = (time.perf_counter() - t0) / n  # rows share one pass; charge each an equal share
+        return [
+            Completion(
+                text=self.tokenizer.decode(toks, skip_special_tokens=True),
+                prompt_tokens=len(prompt),
+                completion_tokens=len(toks) + (1 if len(toks) < req.max_tokens else 0),  # + eos
+                latency_s=latency,
+                extra={"batch_size": n},
+            )
+            for prompt, toks, req in zip(prompts, new_tokens, requests, strict=True)
+        ]
+
+
+def _generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _pick(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator) -> int:
+    """Greedy at temperature 0, else temperature + nucleus (top_p) sampling with the row's own RNG."""
+    if request.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / request.temperature, dim=-1)
+    if request.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < request.top_p  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+def _eos_ids(tokenizer: object, model: object) -> set[int]:
+    """Every id that ends a turn: tokenizer eos plus generation_config eos (Qwen lists several)."""
+    ids: set[int] = set()
+    tok_eos = getattr(tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    gen_cfg = getattr(model, "generation_config", None)
+    gen_eos = getattr(gen_cfg, "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, list):
+        ids.update(int(i) for i in gen_eos)
+    return ids

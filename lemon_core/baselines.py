@@ -1,0 +1,101 @@
+"""Baseline multi-agent methods, written as orchestration specs.
+
+Every baseline is a function returning an ``OrchestrationSpec``, so it runs on the same executor,
+pool, prompts and scoring as the orchestrator's own specs: comparisons are on the same footing.
+The topologies follow the usual multi-agent baselines the LEMON paper compares with (CoT,
+self-consistency, chain, tree, complete graph, LLM-debate).
+
+Self-consistency's vote is an ``aggregator`` agent told to report the majority answer of the
+solvers; it runs at the cheapest level because reading N short answers needs little capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lemon_core.spec import AgentSpec, OrchestrationSpec
+
+SOLVE = "Solve the task step by step, then state the final answer."
+VERIFY = "Check the previous solution step by step; fix any mistake and state the final answer."
+VOTE = "Read the solutions and report the final answer that most of them give."
+DEBATE_OPEN = "Solve the task step by step and state your final answer."
+DEBATE_REPLY = ("Read the other debaters' answers, point out any mistake, reconsider your own "
+                "reasoning and state your final answer.")
+JUDGE = "Read the debate and give the final answer the debaters' best arguments support."
+
+
+def _agent(id_: str, role: str, base_role: str, duty: str, capacity: str, deps: list[str]) -> AgentSpec:
+    return AgentSpec(id=id_, role=role, base_role=base_role, duty=duty, capacity=capacity, depends_on=deps)
+
+
+def cot(capacity: str = "large") -> OrchestrationSpec:
+    """Chain-of-thought: one solver agent."""
+    return OrchestrationSpec(agents=[_agent("a1", "Solver", "solver", SOLVE, capacity, [])], output="a1")
+
+
+def self_consistency(capacity: str = "large", n: int = 3, vote_capacity: str | None = None) -> OrchestrationSpec:
+    """N independent solvers, then a majority-vote aggregator."""
+    solvers = [_agent(f"s{i + 1}", f"Solver {i + 1}", "solver", SOLVE, capacity, []) for i in range(n)]
+    vote = _agent("vote", "Majority voter", "aggregator", VOTE, vote_capacity or capacity, [s.id for s in solvers])
+    return OrchestrationSpec(agents=[*solvers, vote], output="vote")
+
+
+def chain(capacity: str = "large", length: int = 3) -> OrchestrationSpec:
+    """A solver followed by verifiers, each reading the one before."""
+    agents = [_agent("a1", "Solver", "solver", SOLVE, capacity, [])]
+    for i in range(2, length + 1):
+        agents.append(_agent(f"a{i}", f"Verifier {i - 1}", "verifier", VERIFY, capacity, [f"a{i - 1}"]))
+    return OrchestrationSpec(agents=agents, output=agents[-1].id)
+
+
+def tree(capacity: str = "large", branches: int = 2) -> OrchestrationSpec:
+    """A planner fans out to parallel solvers whose answers an aggregator merges."""
+    planner = _agent("plan", "Planner", "planner", "Break the task into the steps needed to solve it.", capacity, [])
+    solvers = [_agent(f"s{i + 1}", f"Solver {i + 1}", "solver", SOLVE, capacity, ["plan"]) for i in range(branches)]
+    merge = _agent("merge", "Aggregator", "aggregator", VOTE, capacity, [s.id for s in solvers])
+    return OrchestrationSpec(agents=[planner, *solvers, merge], output="merge")
+
+
+def complete_graph(capacity: str = "large", n: int = 3) -> OrchestrationSpec:
+    """Every agent reads every earlier agent (a DAG's complete graph)."""
+    agents = [
+        _agent(f"a{i + 1}", f"Solver {i + 1}", "solver" if i == 0 else "verifier",
+               SOLVE if i == 0 else VERIFY, capacity, [f"a{j + 1}" for j in range(i)])
+        for i in range(n)
+    ]
+    return OrchestrationSpec(agents=agents, output=agents[-1].id)
+
+
+def debate(capacity: str = "large", debaters: int = 2, rounds: int = 2) -> OrchestrationSpec:
+    """LLM debate: each round every debater reads all answers of the previous round; a judge decides."""
+    agents: list[AgentSpec] = []
+    previous: list[str] = []
+    for r in range(1, rounds + 1):
+        current = []
+        for d in range(1, debaters + 1):
+            aid = f"r{r}d{d}"
+            duty = DEBATE_OPEN if r == 1 else DEBATE_REPLY
+            agents.append(_agent(aid, f"Debater {d} (round {r})", "debater", duty, capacity, list(previous)))
+            current.append(aid)
+        previous = current
+    agents.append(_agent("judge", "Judge", "aggregator", JUDGE, capacity, previous))
+    return OrchestrationSpec(agents=agents, output="judge")
+
+
+BASELINES: dict[str, Callable[..., OrchestrationSpec]] = {
+    "cot": cot,
+    "sc": self_consistency,
+    "chain": chain,
+    "tree": tree,
+    "complete": complete_graph,
+    "debate": debate,
+}
+
+
+def baseline_spec(method: str, capacity: str, cheapest: str | None = None) -> OrchestrationSpec:
+    """The spec of baseline ``method`` with every agent at ``capacity`` (SC votes at ``cheapest``)."""
+    if method not in BASELINES:
+        raise ValueError(f"unknown method {method!r}; choose one of {sorted(BASELINES)} or pass --spec FILE")
+    if method == "sc":
+        return self_consistency(capacity, vote_capacity=cheapest or capacity)
+    return BASELINES[method](capacity)

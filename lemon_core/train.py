@@ -1,0 +1,573 @@
+"""Orchestrator training: SFT warm-up, then N GRPO iterations (rollout -> counterfactuals -> update).
+
+``train(cfg)`` is what ``lemon train --config configs/train-cpu.yaml`` runs:
+
+1. Load tasks (benchmarks or a tasks JSONL), hold out ``eval_tasks`` of them for periodic evaluation.
+2. SFT warm-up on templated valid specs (``sft.py``); the result is saved as ``<out>/sft-model`` and is
+   also the frozen reference of the KL term. Valid-spec rate is measured before and after.
+3. Each iteration (= one optimizer step): take the next ``tasks_per_iteration`` tasks in the seeded
+   data order, collect rollouts (``rollout.py``), write them as a shard, and update the policy with
+   ``grpo_update``: token advantages = group advantage + localized counterfactual term on the
+   edited spans, clipped surrogate + k3 KL (``grpo.py``), gradient accumulation over micro-batches,
+   grad clipping, AdamW.
+4. Metrics per step go to ``<out>/metrics.jsonl``; the reward curve to ``<out>/reward_curve.png``.
+
+Exact resume. The data order is a pure function of (seed, step) and every sampling call is seeded
+with (seed, step), so a run resumed from checkpoint k replays steps k+1.. exactly as an uninterrupted
+run would. A checkpoint holds the model (``save_pretrained``, safetensors), optimizer, scheduler,
+RNG states, the edit-family sampler and the step. It is written to ``ckpt-N.tmp``, renamed to
+``ckpt-N``, and only then is the ``latest`` pointer replaced (``os.replace``), so a kill at any moment
+leaves the last good checkpoint intact.
+
+Multi-GPU/multi-node: under ``torchrun`` each rank takes its own slice of the step's tasks, rolls
+them out, and gradients (and the token count used for aggregation) are all-reduced before the
+optimizer step; rank 0 writes checkpoints and metrics. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from lemon_core.counterfactual import EditFamily, EditFamilySampler
+from lemon_core.executor import execute_specs
+from lemon_core.grpo import (
+    GRPOConfig,
+    batched_group_advantages,
+    counterfactual_token_advantages,
+    grpo_loss,
+    span_token_mask,
+    token_advantages,
+)
+from lemon_core.policy import OrchestratorPolicy
+from lemon_core.pool import CapacityPool, load_pool
+from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.rollout import (
+    RolloutConfig,
+    RolloutRecord,
+    Scorer,
+    benchmark_scorer,
+    collect_rollouts,
+    parse_completion,
+    write_records,
+)
+from lemon_core.sft import SFTConfig, sft_pairs, sft_train, valid_spec_rate
+
+LATEST = "latest"
+
+
+# --- configuration --------------------------------------------------------------------------------
+class DataConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    benchmarks: list[str] = Field(default_factory=lambda: ["multiarith"], description="benchmark names")
+    split: str | None = Field(None, description="split to train on (default: each benchmark's default)")
+    limit: int | None = Field(64, ge=1, description="tasks per benchmark")
+    data_dir: str | None = Field(None, description="raw datasets folder (default $LEMON_DATA_DIR or ../shared/datasets)")
+    tasks_jsonl: str | None = Field(None, description="instead of benchmarks: JSONL of Example rows")
+    eval_tasks: int = Field(4, ge=0, description="tasks held out for periodic evaluation")
+
+
+class OptimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(4, ge=1, description="completions per forward/backward (grad accumulation)")
+    epochs_per_batch: int = Field(1, ge=1, description="optimizer steps on each rollout batch (PPO epochs)")
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class TrainConfig(BaseSettings):
+    """Everything ``lemon train`` needs; YAML file + ``LEMON_*`` env (nested: ``LEMON_OPTIM__LR=1e-5``)."""
+
+    model_config = SettingsConfigDict(env_prefix="LEMON_", env_nested_delimiter="__", extra="forbid")
+
+    model: str = Field("smollm2-135m-instruct", description="orchestrator: local path, `lemon models` alias or HF id")
+    pool: str = Field("cpu", description="pool YAML path or built-in name (cpu, gpu, simulated)")
+    out: str = Field("runs/train", description="output folder (checkpoints, metrics, plots, rollouts)")
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = Field("auto", description="auto (bf16 on a bf16 GPU, else fp32), float32, bfloat16")
+    include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
+    include_format: bool = Field(True, description="show the YAML format + example in the prompt")
+    agent_max_tokens: int | None = Field(None, ge=1, description="cap every pool level's max_tokens (CPU runs)")
+    iterations: int = Field(3, ge=0, description="GRPO steps")
+    tasks_per_iteration: int = Field(2, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int = Field(0, ge=0, description="evaluate on the held-out tasks every N steps (0: only at the end)")
+    save_rollouts: bool = True
+    progress: bool = True
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings  # environment overrides the YAML file
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """Load a YAML config (a bundled name like ``train-cpu`` also works); ``overrides`` win over both."""
+        p = Path(path)
+        if not p.exists():
+            bundled = Path(__file__).parent / "configs" / (p.name if p.suffix else f"{p.name}.yaml")
+            if not bundled.exists():
+                raise FileNotFoundError(f"config {str(path)!r} not found (nor bundled as {bundled.name})")
+            p = bundled
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{p}: a train config is a YAML mapping of fields, got {type(data).__name__}")
+        cfg = cls(**data)
+        return cfg.model_copy(update=overrides) if overrides else cfg
+
+
+# --- data order -----------------------------------------------------------------------------------
+def load_tasks(cfg: DataConfig, seed: int) -> tuple[list[Any], list[Any]]:
+    """(train, held-out eval) tasks, shuffled once with ``seed``."""
+    from lemon_core.benchmarks import Example, get
+
+    if cfg.tasks_jsonl:
+        rows = [json.loads(line) for line in Path(cfg.tasks_jsonl).read_text().splitlines() if line.strip()]
+        tasks = [Example.model_validate(r) for r in rows]
+    else:
+        tasks = [ex for name in cfg.benchmarks for ex in get(name).load(cfg.split, cfg.limit, cfg.data_dir)]
+    random.Random(seed).shuffle(tasks)
+    if len(tasks) <= cfg.eval_tasks:
+        raise ValueError(f"data: {len(tasks)} tasks but eval_tasks={cfg.eval_tasks}; raise data.limit "
+                         "or lower data.eval_tasks")
+    return tasks[cfg.eval_tasks:], tasks[:cfg.eval_tasks]
+
+
+def tasks_for_step(tasks: Sequence[Any], step: int, n: int, seed: int) -> list[Any]:
+    """The n tasks of GRPO step ``step`` (1-based): epochs of seeded permutations, a pure function."""
+    out = []
+    for k in range((step - 1) * n, step * n):
+        epoch, pos = divmod(k, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(tasks[order[pos]])
+    return out
+
+
+# --- distributed (torchrun) -----------------------------------------------------------------------
+def world() -> tuple[int, int]:
+    """(rank, world size); initialises torch.distributed when launched by torchrun."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (torch.distributed.get_rank(), size) if size > 1 else (0, 1)
+
+
+def _all_reduce_sum(value: float) -> float:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t.item())
+
+
+def _all_reduce_grads(model: torch.nn.Module) -> None:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            torch.distributed.all_reduce(p.grad)  # sum: each rank's loss is already divided by the global count
+
+
+# --- the update -----------------------------------------------------------------------------------
+def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
+    """Per-token advantages of each record: group advantage (per step+task) + counterfactual span term."""
+    rewards = [r.reward.total for r in records]
+    groups = [(r.step, r.task_id) for r in records]
+    group_adv = batched_group_advantages(rewards, groups, std_eps=cfg.std_eps, scale=cfg.scale_rewards)
+    out = []
+    for rec, adv in zip(records, group_adv.tolist(), strict=True):
+        n = len(rec.completion_ids)
+        edits = [(span_token_mask(rec.offsets, e.span), e.delta) for e in rec.edits if e.span[1] > e.span[0]]
+        cf = counterfactual_token_advantages(n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta) if edits else None
+        out.append(token_advantages(adv, n, cf))
+    return out
+
+
+def _pad(rows: Sequence[Sequence[float] | torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        t = torch.as_tensor(r, dtype=torch.float32)
+        out[i, :len(t)] = t
+    return out
+
+
+def grpo_update(
+    policy: OrchestratorPolicy, ref_model: Any, records: Sequence[RolloutRecord], optimizer: torch.optim.Optimizer,
+    scheduler: Any, cfg: TrainConfig,
+) -> dict[str, float]:
+    """One GRPO optimizer step (per PPO epoch) on ``records``; returns loss/kl/clip metrics."""
+    advantages = record_advantages(records, cfg.grpo)
+    total_tokens = _all_reduce_sum(float(sum(len(r.completion_ids) for r in records)))
+    model = policy.model
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    mb = cfg.optim.micro_batch_size
+    t0 = time.perf_counter()
+    for _ in range(cfg.optim.epochs_per_batch):
+        optimizer.zero_grad(set_to_none=True)
+        for lo in range(0, len(records), mb):
+            batch = records[lo:lo + mb]
+            prompts = [r.prompt_ids for r in batch]
+            completions = [r.completion_ids for r in batch]
+            temperature = batch[0].temperature
+            lp, mask = policy.logprob_tensor(prompts, completions, temperature)
+            ref = None
+            if cfg.grpo.kl_coef > 0:
+                with torch.no_grad():
+                    ref = _ref_logprobs(policy, ref_model, prompts, completions, temperature)
+            width = lp.shape[1]
+            old = _pad([r.old_logprobs for r in batch], width).to(lp.device)
+            adv = _pad(advantages[lo:lo + mb], width).to(lp.device)
+            loss, m = grpo_loss(lp, old.to(lp.dtype), ref, adv, mask, cfg.grpo, total_tokens=total_tokens)
+            loss.backward()
+            tokens = float(mask.sum())
+            for k, v in m.items():
+                sums[k] += v * (tokens if k != "loss" else 1.0)
+            sums["_tokens"] += tokens
+        _all_reduce_grads(model)
+        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm))
+        optimizer.step()
+        scheduler.step()
+    model.eval()
+    n_tok, epochs = max(sums.pop("_tokens"), 1.0), cfg.optim.epochs_per_batch
+    metrics = {k: (v / epochs if k in ("loss", "grad_norm") else v / n_tok) for k, v in sums.items()}
+    metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
+    metrics["lr"] = scheduler.get_last_lr()[0]
+    return metrics
+
+
+def _ref_logprobs(policy: OrchestratorPolicy, ref_model: Any, prompts: Any, completions: Any,
+                  temperature: float) -> torch.Tensor:
+    if ref_model is not None:
+        return policy.logprob_tensor(prompts, completions, temperature, model=ref_model)[0]
+    with policy.model.disable_adapter():  # LoRA: the reference is the base weights
+        return policy.logprob_tensor(prompts, completions, temperature)[0]
+
+
+# --- metrics --------------------------------------------------------------------------------------
+def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> dict[str, Any]:
+    valid = [r for r in records if r.valid]
+    totals = [r.reward.total for r in records]
+    m: dict[str, Any] = {
+        "reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
+        "valid_rate": len(valid) / len(records),
+    }
+    for term in ("success", "efficiency", "structure", "cost", "invalid"):
+        m[f"reward/{term}"] = statistics.fmean(getattr(r.reward, term) for r in records)
+    if valid:
+        m["score"] = statistics.fmean(r.score for r in valid)
+        m["tokens_per_execution"] = statistics.fmean(r.tokens for r in valid)
+        m["cost"] = statistics.fmean(r.cost for r in valid)
+        m["agents/mean"] = statistics.fmean(len(r.spec["agents"]) for r in valid if r.spec)
+        agents = [a for r in valid if r.spec for a in r.spec["agents"]]
+        for level in levels:
+            m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        for e in r.edits:
+            by_family[e.family].append(e.delta)
+    for family in EditFamily:
+        if by_family[family.value]:
+            m[f"delta/{family.value}"] = statistics.fmean(by_family[family.value])
+            m[f"delta_abs/{family.value}"] = statistics.fmean(abs(d) for d in by_family[family.value])
+    m["completion_tokens"] = statistics.fmean(len(r.completion_ids) for r in records)
+    return m
+
+
+def evaluate_policy(policy: OrchestratorPolicy, tasks: Sequence[Any], pool: CapacityPool, cfg: TrainConfig,
+                    scorer: Scorer, seed: int) -> dict[str, float]:
+    """Greedy spec per held-out task, executed and scored: eval/valid_rate, eval/score, eval/reward, eval/cost."""
+    if not tasks:
+        return {}
+    prompts = [policy.prompt_ids(t.question, pool) for t in tasks]
+    samples = [g[0] for g in policy.sample(prompts, 1, max_new_tokens=cfg.rollout.max_new_tokens,
+                                             temperature=0.0, seed=seed)]
+    rewards, scores, costs, valid = [], [], [], []
+    for task, s in zip(tasks, samples, strict=True):
+        parsed, _ = parse_completion(s.text, pool)
+        if parsed is not None:
+            valid.append((task, parsed.spec))
+        else:
+            rewards.append(compute_reward(0.0, None, cfg.reward).total)
+            scores.append(0.0)
+    traces = execute_specs([sp for _, sp in valid], [t for t, _ in valid], pool, seed=seed)
+    for (task, _), trace in zip(valid, traces, strict=True):
+        score = scorer(trace.answer, task) if trace.ok else 0.0
+        rewards.append(compute_reward(score, trace, cfg.reward).total)
+        scores.append(score)
+        costs.append(trace.cost)
+    return {"eval/valid_rate": len(valid) / len(tasks), "eval/score": statistics.fmean(scores),
+            "eval/reward": statistics.fmean(rewards), "eval/cost": statistics.fmean(costs) if costs else 0.0}
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+def _save_model_dir(policy: OrchestratorPolicy, final: Path, extra: Callable[[Path], None] | None = None) -> None:
+    """save_pretrained into ``final.tmp``, then rename: ``final`` is either complete or absent."""
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.model.save_pretrained(tmp, safe_serialization=True)
+    policy.tokenizer.save_pretrained(tmp)
+    if extra is not None:
+        extra(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(out: Path, step: int, policy: OrchestratorPolicy, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, sampler: EditFamilySampler, keep: int) -> Path:
+    ckpt_dir = out / "checkpoints"
+    final = ckpt_dir / f"ckpt-{step:06d}"
+
+    def extra(tmp: Path) -> None:
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng_torch": torch.get_rng_state(), "rng_python": random.getstate()},
+                   tmp / "training_state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({
+            "step": step, "data_position": step,
+            "sampler": {f.value: v for f, v in sampler.mean_abs_delta.items()},
+        }, indent=2))
+
+    _save_model_dir(policy, final, extra)
+    _write_atomic(ckpt_dir / LATEST, final.name)
+    for old in sorted(ckpt_dir.glob("ckpt-*")):
+        if old.name.endswith(".tmp") or old.name >= f"ckpt-{step - keep + 1:06d}" or old == final:
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    pointer = out / "checkpoints" / LATEST
+    if not pointer.exists():
+        return None
+    path = out / "checkpoints" / pointer.read_text().strip()
+    return path if (path / "trainer_state.json").exists() else None
+
+
+# --- the run --------------------------------------------------------------------------------------
+class TrainResult(BaseModel):
+    out: str
+    steps: int
+    metrics: list[dict[str, Any]]
+    valid_rate_before_sft: float | None = None
+    valid_rate_after_sft: float | None = None
+    seconds_per_iteration: float | None = None
+    reward_curve: str | None = None
+
+
+def _dtype(cfg: TrainConfig) -> str:
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    return "bfloat16" if cfg.device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
+
+
+def _load_pool(cfg: TrainConfig) -> CapacityPool:
+    pool = load_pool(cfg.pool)
+    if cfg.agent_max_tokens is not None:
+        pool.levels = [lv.model_copy(update={"max_tokens": min(lv.max_tokens, cfg.agent_max_tokens)})
+                       for lv in pool.levels]
+    return pool
+
+
+def _apply_lora(policy: OrchestratorPolicy, cfg: LoraSettings, adapter: Path | None = None) -> None:
+    try:
+        from peft import LoraConfig, PeftModel, get_peft_model
+    except ImportError as e:
+        raise RuntimeError("lora.enabled needs peft: pip install peft==0.21.2 (or set lora.enabled: false)") from e
+    if adapter is not None:
+        policy.model = PeftModel.from_pretrained(policy.model, adapter, is_trainable=True)
+    else:
+        policy.model = get_peft_model(policy.model, LoraConfig(
+            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=cfg.target_modules,
+            task_type="CAUSAL_LM"))
+
+
+class _Log:
+    """metrics.jsonl writer (rank 0 only); on resume, rows past the checkpoint are dropped."""
+
+    def __init__(self, path: Path, keep_until: int | None, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+        self.rows: list[dict[str, Any]] = []
+        if enabled and path.exists() and keep_until is not None:
+            self.rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            self.rows = [r for r in self.rows if r.get("step", 0) <= keep_until]
+            _write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.rows))
+        elif enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self.enabled:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, examples: tuple[list[Any], list[Any]] | None = None,
+          scorer: Scorer = benchmark_scorer) -> TrainResult:
+    """SFT warm-up then ``cfg.iterations`` GRPO steps; see the module docstring. ``examples`` =
+    (train, eval) tasks overrides ``cfg.data``; ``scorer`` overrides benchmark scoring (tests)."""
+    from tqdm.auto import tqdm
+
+    from lemon_core.backends.simulated import register_examples
+
+    rank, world_size = world()
+    is_main = rank == 0
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if is_main:
+        (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    train_tasks, eval_tasks = examples if examples is not None else load_tasks(cfg.data, cfg.seed)
+    pool = _load_pool(cfg)
+    if any(lv.backend == "simulated" for lv in pool.levels):
+        register_examples([*train_tasks, *eval_tasks])
+    dtype = _dtype(cfg)
+    ckpt = latest_checkpoint(out) if resume else None
+    sft_dir = out / "sft-model"
+    result = TrainResult(out=str(out), steps=0, metrics=[])
+
+    # 1. SFT warm-up (skipped when resuming past it) -> the reference policy.
+    start_model = cfg.model
+    if cfg.sft.enabled and not (resume and sft_dir.exists()):
+        policy = OrchestratorPolicy.load(cfg.model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        questions = [t.question for t in eval_tasks[:cfg.sft.eval_tasks] or train_tasks[:cfg.sft.eval_tasks]]
+        rate = lambda: valid_spec_rate(policy, questions, pool, samples=cfg.sft.eval_samples,  # noqa: E731
+                                       max_new_tokens=cfg.rollout.max_new_tokens,
+                                       temperature=cfg.rollout.temperature, seed=cfg.seed)
+        result.valid_rate_before_sft = rate()
+        pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed)
+        sft_losses = sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed, progress=cfg.progress and is_main)
+        result.valid_rate_after_sft = rate()
+        if is_main:
+            _save_model_dir(policy, sft_dir)
+            _write_atomic(out / "sft.json", json.dumps({
+                "valid_rate_before": result.valid_rate_before_sft, "valid_rate_after": result.valid_rate_after_sft,
+                "loss_first": sft_losses[0] if sft_losses else None, "loss_last": sft_losses[-1] if sft_losses else None,
+                "pairs": len(pairs), "steps": cfg.sft.steps}, indent=2))
+        if world_size > 1:
+            torch.distributed.barrier()
+        del policy
+    if cfg.sft.enabled:
+        start_model = str(sft_dir)
+        if (out / "sft.json").exists():
+            info = json.loads((out / "sft.json").read_text())
+            result.valid_rate_before_sft, result.valid_rate_after_sft = info["valid_rate_before"], info["valid_rate_after"]
+
+    # 2. Policy (from the checkpoint when resuming), reference, optimizer, scheduler.
+    ref_model = None
+    if cfg.lora.enabled:
+        policy = OrchestratorPolicy.load(start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        _apply_lora(policy, cfg.lora, adapter=ckpt)
+    else:
+        policy = OrchestratorPolicy.load(str(ckpt) if ckpt else start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        if cfg.grpo.kl_coef > 0:
+            ref_model = OrchestratorPolicy.load(start_model, cfg.device, dtype).model.eval()
+            ref_model.requires_grad_(False)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    warm = cfg.optim.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warm + 1)))
+    sampler = EditFamilySampler(floor=cfg.rollout.edit_floor, decay=cfg.rollout.edit_decay)
+    step = 0
+    if ckpt is not None:
+        state = torch.load(ckpt / "training_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng_torch"])
+        random.setstate(state["rng_python"])
+        info = json.loads((ckpt / "trainer_state.json").read_text())
+        step = int(info["step"])
+        sampler.mean_abs_delta = {EditFamily(k): float(v) for k, v in info["sampler"].items()}
+
+    # 3. GRPO iterations.
+    log = _Log(out / "metrics.jsonl", keep_until=step if ckpt else None, enabled=is_main)
+    bar = tqdm(total=cfg.iterations, initial=step, desc="grpo", disable=not (cfg.progress and is_main))
+    iteration_times = []
+    while step < cfg.iterations:
+        step += 1
+        t0 = time.perf_counter()
+        tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)[rank::world_size]
+        records, stats = collect_rollouts(policy, tasks, pool, cfg.rollout, cfg.reward, sampler, step=step,
+                                          seed=cfg.seed * 1_000_003 + step * 7919 + rank, scorer=scorer)
+        t_rollout = time.perf_counter() - t0
+        if cfg.save_rollouts:
+            write_records(records, str(out / "rollouts" / f"step-{step:06d}-rank{rank}.jsonl"))
+        update = grpo_update(policy, ref_model, records, optimizer, scheduler, cfg)
+        row: dict[str, Any] = {"step": step, "task_ids": [t.id for t in tasks], **rollout_metrics(records, pool.level_names),
+                               **update, "agent_calls": stats.agent_calls, "edit_agent_calls": stats.edit_agent_calls,
+                               "cache_hits": stats.cache_hits, "time/rollout_s": t_rollout,
+                               "time/step_s": time.perf_counter() - t0}
+        iteration_times.append(row["time/step_s"])
+        if is_main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.iterations):
+            row.update(evaluate_policy(policy, eval_tasks, pool, cfg, scorer, seed=cfg.seed))
+        log.write(row)
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward/mean']:.3f}", valid=f"{row['valid_rate']:.2f}")
+        if is_main and (step % cfg.checkpoint_every == 0 or step == cfg.iterations):
+            save_checkpoint(out, step, policy, optimizer, scheduler, sampler, cfg.keep_checkpoints)
+        if world_size > 1:
+            torch.distributed.barrier()
+    bar.close()
+
+    result.steps, result.metrics = step, log.rows
+    result.seconds_per_iteration = statistics.fmean(iteration_times) if iteration_times else None
+    if is_main and log.rows:
+        from lemon_core.plots import plot_reward_curve
+
+        result.reward_curve = str(plot_reward_curve(log.rows, out / "reward_curve.png"))
+        _write_atomic(out / "result.json", result.model_dump_json(indent=2, exclude={"metrics"}))
+    pool.close()
+    return result

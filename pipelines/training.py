@@ -1,0 +1,114 @@
+"""``lemon-train``: prepare -> SFT -> N x [ParallelFor rollout shards -> GRPO train] -> evaluate -> report
+-> publish (only if the orchestrator beats the served model on ``publish.metric``).
+
+KFP pipelines are static DAGs: a loop cannot run a data-dependent number of times, and a
+sub-pipeline cannot call itself. So the N GRPO iterations are *unrolled when the pipeline is
+built*: ``build(cfg)`` reads ``cfg.n_iterations`` and emits N (rollout ParallelFor, train) pairs,
+each train consuming the previous checkpoint. Changing N means recompiling
+(``lemon pipeline compile --config ...``); everything else (data, model, pool, hyper-parameters,
+placement) stays a run-time parameter inside ``config_json``. The (method, benchmark) evaluation
+matrix is likewise fixed at build time from ``cfg.evaluate``.
+"""
+
+from typing import Any
+
+from kfp import dsl
+
+from components import evaluate, prepare_dataset, publish, rollout, train
+from lemon_core.stages import ORCHESTRATOR, PipelineConfig, eval_matrix
+from pipelines.placement import on_gpu, with_storage
+
+PIPELINE_NAME = "lemon-train"
+
+
+def build(cfg: PipelineConfig, local: bool = False) -> Any:
+    """The lemon-train pipeline function for this config's structure (iterations, eval matrix)."""
+    k8s = cfg.kubernetes
+    cpu, gpu = k8s.image, k8s.gpu_image
+    prepare_op, rollout_op, train_op = prepare_dataset.make(cpu), rollout.make(gpu), train.make(gpu)
+    eval_op, report_op, publish_op = evaluate.make(gpu), evaluate.make_report(cpu), publish.make(cpu)
+    methods = list(dict.fromkeys([ORCHESTRATOR, *cfg.evaluate.methods]))
+    matrix = eval_matrix(cfg, methods)
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Train a LEMON orchestrator: SFT, GRPO with localized "
+        "counterfactual credit, evaluation against baselines, gated publish.",
+    )
+    def lemon_train(config_json: str = cfg.model_dump_json()) -> None:
+        prep = with_storage(prepare_op(config_json=config_json).set_display_name("prepare"), k8s, local)
+        manifest = prep.outputs["manifest_uri"]
+        sft = on_gpu(
+            train_op(
+                config_json=config_json,
+                mode="sft",
+                manifest_uri=manifest,
+                records_uris=[],
+                iteration=0,
+                checkpoint_uri="",
+                reference_uri="",
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            ).set_display_name("sft"),
+            k8s,
+            local,
+        )
+        checkpoint = sft.output
+        for i in range(1, cfg.n_iterations + 1):
+            with dsl.ParallelFor(
+                prep.outputs["train_shards"], parallelism=cfg.rollout_parallelism, name=f"rollout-shards-{i}"
+            ) as shard:
+                ro = on_gpu(
+                    rollout_op(
+                        config_json=config_json,
+                        manifest_uri=manifest,
+                        shard_uri=shard,
+                        iteration=i,
+                        checkpoint_uri=checkpoint,
+                    ).set_display_name(f"rollout-{i}"),
+                    k8s,
+                    local,
+                )
+            step = on_gpu(
+                train_op(
+                    config_json=config_json,
+                    mode="grpo",
+                    manifest_uri=manifest,
+                    records_uris=dsl.Collected(ro.output),
+                    iteration=i,
+                    checkpoint_uri=checkpoint,
+                    reference_uri=sft.output,
+                    run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                ).set_display_name(f"grpo-{i}"),
+                k8s,
+                local,
+            )
+            checkpoint = step.output
+        with dsl.ParallelFor(matrix, parallelism=cfg.rollout_parallelism, name="eval-matrix") as cell:
+            ev = on_gpu(
+                eval_op(
+                    config_json=config_json,
+                    manifest_uri=manifest,
+                    method=cell.method,
+                    benchmark=cell.benchmark,
+                    checkpoint_uri=checkpoint,
+                ).set_display_name("evaluate"),
+                k8s,
+                local,
+            )
+        rep = with_storage(
+            report_op(config_json=config_json, summary_uris=dsl.Collected(ev.output)).set_display_name(
+                "report"
+            ),
+            k8s,
+            local,
+        )
+        with dsl.If(rep.outputs["publish"] == True, name="beats-served-model"):  # noqa: E712 - kfp condition
+            with_storage(
+                publish_op(
+                    config_json=config_json, checkpoint_uri=checkpoint, summary_uris=dsl.Collected(ev.output)
+                ).set_display_name("publish"),
+                k8s,
+                local,
+            )
+
+    return lemon_train

@@ -1,0 +1,117 @@
+"""TransformersBackend on a tiny random-weight Qwen2 chat model built offline (tests/tiny_models.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build_tiny_chat_model  # tests/ is on sys.path (pytest rootdir-less import)
+
+from lemon_core.backends.base import BackendError, GenerationRequest
+from lemon_core.backends.transformers_backend import TransformersBackend
+
+PROMPTS = [
+    ("You are a solver.", "What is 12 + 30? Answer with a number. Think step by step, then answer."),
+    (None, "hi"),
+    ("You are a verifier.", "Check: 3 apples + 5 apples = 8 apples."),
+    (None, "def add(a, b):"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir: Path) -> TransformersBackend:
+    return TransformersBackend(str(model_dir))
+
+
+def greedy(max_tokens: int = 10) -> list[GenerationRequest]:
+    return [GenerationRequest.chat(s, u, max_tokens=max_tokens) for s, u in PROMPTS]
+
+
+def first_greedy_token(b: TransformersBackend, r: GenerationRequest) -> int:
+    with torch.no_grad():
+        return int(b.model(torch.tensor([b.encode(r)])).logits[0, -1].argmax())
+
+
+def test_left_padded_batch_matches_one_at_a_time(backend: TransformersBackend) -> None:
+    reqs = greedy()
+    lengths = {len(backend.encode(r)) for r in reqs}
+    assert len(lengths) == len(reqs)  # really different lengths, so padding is exercised
+    batched = backend.generate(reqs)
+    alone = [backend.generate([r])[0] for r in reqs]
+    assert [c.text for c in batched] == [c.text for c in alone]
+    assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in alone]
+    assert all(c.ok and c.text for c in batched)
+
+
+def test_token_counts(backend: TransformersBackend) -> None:
+    reqs = greedy(max_tokens=6)
+    out = backend.generate(reqs)
+    for r, c in zip(reqs, out, strict=True):
+        msgs = r.openai_messages()
+        prompt = backend.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        assert prompt.endswith("<|im_start|>assistant\n")
+        assert c.prompt_tokens == len(backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert 1 <= c.completion_tokens <= 6
+        assert c.latency_s > 0 and c.extra["batch_size"] == len(reqs)
+
+
+def test_stops_at_eos_and_counts_it(model_dir: Path) -> None:
+    b = TransformersBackend(str(model_dir))
+    r = GenerationRequest.chat(None, "hi", max_tokens=10)
+    free = b.generate([r])[0]
+    b.eos_ids = {first_greedy_token(b, r)}  # make the model's first choice the end of turn
+    [stopped] = b.generate([r])
+    assert free.completion_tokens == 10 and free.text
+    assert stopped.ok and stopped.text == "" and stopped.completion_tokens == 1
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(backend: TransformersBackend) -> None:
+    def sample(seed: int) -> GenerationRequest:
+        return GenerationRequest.chat(None, "hi", max_tokens=12, temperature=1.5, seed=seed)
+
+    a, a_again, b = backend.generate([sample(1), sample(1), sample(2)])
+    [a_alone] = backend.generate([sample(1)])
+    mixed = backend.generate([*greedy(), sample(1)])[-1]  # other rows in the batch must not matter
+    assert a.text == a_again.text == a_alone.text == mixed.text
+    assert a.text != b.text
+
+
+def test_tiny_top_p_is_greedy(backend: TransformersBackend) -> None:
+    nucleus = [
+        GenerationRequest.chat(s, u, max_tokens=8, temperature=1.0, top_p=1e-6, seed=3) for s, u in PROMPTS
+    ]
+    assert [c.text for c in backend.generate(nucleus)] == [c.text for c in backend.generate(greedy(8))]
+
+
+def test_max_batch_size_chunks_give_same_results(model_dir: Path, backend: TransformersBackend) -> None:
+    small = TransformersBackend(str(model_dir), max_batch_size=3)
+    out = small.generate(greedy(5))
+    assert [c.extra["batch_size"] for c in out] == [3, 3, 3, 1]
+    assert [c.text for c in out] == [c.text for c in backend.generate(greedy(5))]
+
+
+def test_failed_batch_returns_errors_not_exceptions(model_dir: Path) -> None:
+    b = TransformersBackend(str(model_dir))
+
+    def broken(**_: object) -> None:
+        raise RuntimeError("out of memory")
+
+    b.model.forward = broken  # type: ignore[method-assign]
+    out = b.generate(greedy(3))
+    assert len(out) == 4 and all(c.error == "RuntimeError: out of memory" for c in out)
+
+
+def test_bad_arguments_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
+    with pytest.raises(BackendError, match="dtype='float64'"):
+        TransformersBackend(str(model_dir), dtype="float64")
+    monkeypatch.setenv("LEMON_CACHE_DIR", str(tmp_path))
+    with pytest.raises(BackendError, match="lemon models pull smollm2-135m-instruct"):
+        TransformersBackend("smollm2-135m-instruct")
+    with pytest.raises(BackendError, match="cannot load model"):
+        TransformersBackend(str(tmp_path))  # exists but holds no model

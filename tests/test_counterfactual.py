@@ -1,0 +1,88 @@
+"""Counterfactual edits: the three families, their spans, adaptive sampling, cached re-execution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lemon_core.backends.simulated import register_examples
+from lemon_core.benchmarks import Example
+from lemon_core.counterfactual import EditFamily, EditFamilySampler, counterfactual_edits
+from lemon_core.executor import ExecutionCache, execute_specs
+from lemon_core.policy import spec_completion
+from lemon_core.pool import load_pool
+from lemon_core.spec import AgentSpec, OrchestrationSpec, parse_spec
+
+POOL = load_pool("simulated")
+SPEC = OrchestrationSpec(agents=[
+    AgentSpec(id="plan", role="Planner", base_role="planner", duty="List the steps.", capacity="small"),
+    AgentSpec(id="solve", role="Solver", base_role="solver", duty="Compute it carefully.", capacity="large",
+              depends_on=["plan"]),
+    AgentSpec(id="check", role="Checker", base_role="verifier", duty="Recheck the sum.", capacity="medium",
+              depends_on=["plan", "solve"]),
+], output="check")
+
+
+def test_every_single_field_edit_is_listed_with_the_span_of_its_value() -> None:
+    parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
+    edits = counterfactual_edits(parsed, POOL)
+    by = {(e.family, e.agent_id, e.description) for e in edits}
+    assert len([e for e in edits if e.family is EditFamily.drop_dependency]) == 3
+    assert len([e for e in edits if e.family is EditFamily.duty_rollback]) == 3
+    # plan is already the cheapest level: no downgrade for it
+    assert {e.agent_id for e in edits if e.family is EditFamily.capacity_downgrade} == {"solve", "check"}
+    assert len(by) == len(edits) == 8
+    for e in edits:
+        text = parsed.text[e.span[0]:e.span[1]]
+        edited = e.spec.agent(e.agent_id)
+        original = SPEC.agent(e.agent_id)
+        if e.family is EditFamily.capacity_downgrade:
+            assert text == original.capacity and edited.capacity == POOL.downgrade(original.capacity)
+        elif e.family is EditFamily.duty_rollback:
+            assert text == original.duty and edited.duty != original.duty
+        else:
+            assert text in original.depends_on and text not in edited.depends_on
+        # exactly one agent changed
+        assert sum(a != b for a, b in zip(SPEC.agents, e.spec.agents, strict=True)) == 1
+
+
+def test_sampler_keeps_a_floor_and_follows_recent_abs_delta() -> None:
+    sampler = EditFamilySampler(floor=0.3, decay=0.5)
+    assert all(p == pytest.approx(1 / 3) for p in sampler.probabilities().values())
+    for _ in range(20):
+        sampler.update(EditFamily.capacity_downgrade, 0.8)
+        sampler.update(EditFamily.duty_rollback, 0.0)
+        sampler.update(EditFamily.drop_dependency, 0.0)
+    probs = sampler.probabilities()
+    assert probs[EditFamily.capacity_downgrade] > 0.75
+    assert probs[EditFamily.duty_rollback] >= 0.1 - 1e-9  # floor / 3
+    assert sum(probs.values()) == pytest.approx(1.0)
+    parsed = parse_spec(spec_completion(SPEC), POOL)
+    chosen = sampler.sample(counterfactual_edits(parsed, POOL), k=2, rng=random.Random(0))
+    assert len(chosen) == 2 and len({(c.family, c.agent_id, c.description) for c in chosen}) == 2
+    with pytest.raises(ValueError, match="floor"):
+        EditFamilySampler(floor=1.5)
+
+
+def test_cached_reexecution_runs_only_the_edited_agent_and_its_descendants() -> None:
+    task = Example(id="t/1", benchmark="multiarith", question="Sam has 3 pens and buys 4. How many?",
+                   answer="7", answer_format="Answer with a number.")
+    register_examples([task])
+    cache = ExecutionCache()
+    [original] = execute_specs([SPEC], [task], POOL, cache=cache, seed=3)
+    assert original.agent_calls == 3
+    parsed = parse_spec(spec_completion(SPEC), POOL)
+    edits = {(e.family, e.agent_id): e for e in counterfactual_edits(parsed, POOL)}
+    calls = {}
+    for key in [(EditFamily.capacity_downgrade, "solve"), (EditFamily.duty_rollback, "check"),
+                (EditFamily.duty_rollback, "plan")]:
+        [trace] = execute_specs([edits[key].spec], [task], POOL, cache=cache, seed=3)
+        calls[key] = trace.agent_calls
+        ran = {a.agent_id for a in trace.agents if not a.cached}
+        # the edited agent always runs again; ancestors never do; a descendant runs only if its
+        # input changed (an identical parent output is an identical request: a cache hit)
+        assert key[1] in ran and ran <= {key[1]} | SPEC.descendants(key[1])
+        assert not ran & SPEC.ancestors(key[1])
+    assert calls[(EditFamily.duty_rollback, "check")] == 1  # the output agent: nothing below it
+    assert sum(calls.values()) < 3 * len(SPEC.agents)  # full re-execution would run every agent

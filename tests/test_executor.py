@@ -1,0 +1,138 @@
+"""Executor: level-by-level batching across specs, cost accounting, node cache, failure isolation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from lemon_core.backends.base import Completion, GenerationRequest
+from lemon_core.baselines import chain, cot, debate, self_consistency
+from lemon_core.executor import ExecutionCache, Task, execute_specs
+from lemon_core.pool import CapacityLevel, CapacityPool
+from lemon_core.spec import AgentSpec, OrchestrationSpec
+
+
+class RecordingBackend:
+    """Test double: answers '<level>:<agent role>:<n parents>' and records every batch it gets."""
+
+    def __init__(self, name: str, fail_roles: Sequence[str] = ()) -> None:
+        self.name = name
+        self.batches: list[int] = []
+        self.fail_roles = set(fail_roles)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        self.batches.append(len(requests))
+        out = []
+        for r in requests:
+            system, user = r.messages[0][1], r.messages[-1][1]
+            role = system.split("You are ", 1)[1].split(",", 1)[0]
+            if role in self.fail_roles:
+                out.append(Completion("", 10, 0, 0.5, error="timeout after 1.0 s"))
+                continue
+            n_parents = user.count("Output of ")
+            out.append(Completion(f"{self.name}:{role}:{n_parents}", 10, 5, 0.25))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def make_pool(fail_roles: Sequence[str] = ()) -> tuple[CapacityPool, dict[str, RecordingBackend]]:
+    pool = CapacityPool(levels=[
+        CapacityLevel(name="small", backend="simulated", model="x", price_in_per_1m=1.0, price_out_per_1m=2.0),
+        CapacityLevel(name="large", backend="simulated", model="y", price_in_per_1m=10.0, price_out_per_1m=20.0),
+    ])
+    backends = {n: RecordingBackend(n, fail_roles) for n in pool.level_names}
+    for n, b in backends.items():
+        pool.set_backend(n, b)
+    return pool, backends
+
+
+def test_one_batch_per_level_and_capacity_across_specs() -> None:
+    pool, backends = make_pool()
+    specs = [chain("large", length=3) for _ in range(5)]
+    traces = execute_specs(specs, [f"task {i}" for i in range(5)], pool)
+    # 3 levels, each with 5 agents (one per spec), all at 'large': 3 calls of 5.
+    assert backends["large"].batches == [5, 5, 5]
+    assert backends["small"].batches == []
+    assert all(t.ok and t.answer == "large:Verifier 2:1" for t in traces)
+
+
+def test_mixed_capacities_split_into_one_batch_each() -> None:
+    pool, backends = make_pool()
+    spec = self_consistency("large", n=3, vote_capacity="small")
+    traces = execute_specs([spec, spec], [Task("q1"), Task("q2")], pool)
+    assert backends["large"].batches == [6]  # 3 solvers x 2 specs in one call
+    assert backends["small"].batches == [2]  # the two voters
+    assert traces[0].answer == "small:Majority voter:3"
+
+
+def test_parent_outputs_reach_child_prompts_and_answer_format_only_final() -> None:
+    pool, _ = make_pool()
+    (trace,) = execute_specs([chain("small", length=2)], [Task("What is 2+2?", "End with 'The answer is N'.")], pool)
+    first, second = trace.agents
+    assert "What is 2+2?" in first.prompt and "The answer is N" not in first.prompt
+    assert "Output of Solver (a1):\nsmall:Solver:0" in second.prompt
+    assert "The answer is N" in second.prompt
+
+
+def test_cost_tokens_and_latency_totals() -> None:
+    pool, _ = make_pool()
+    (trace,) = execute_specs([debate("small", debaters=2, rounds=2)], ["q"], pool)
+    assert len(trace.agents) == 5 and trace.agent_calls == 5
+    assert trace.prompt_tokens == 50 and trace.completion_tokens == 25
+    assert trace.cost == pytest.approx(5 * (10 * 1.0 + 5 * 2.0) / 1e6)
+    assert trace.latency_s == pytest.approx(3 * 0.25)  # three levels on the critical path
+
+
+def test_cache_reexecutes_only_edited_agent_and_descendants() -> None:
+    pool, backends = make_pool()
+    cache = ExecutionCache()
+    original = chain("large", length=3)
+    execute_specs([original], ["q"], pool, cache=cache)
+    calls_before = sum(backends["large"].batches)
+    # Counterfactual edit: downgrade the middle agent. a1 must come from the cache.
+    agents = [a.model_copy() for a in original.agents]
+    agents[1] = agents[1].model_copy(update={"capacity": "small"})
+    edited = OrchestrationSpec(agents=agents, output=original.output)
+    (trace,) = execute_specs([edited], ["q"], pool, cache=cache)
+    assert [a.cached for a in trace.agents] == [True, False, False]
+    assert sum(backends["large"].batches) - calls_before == 1  # a3 only (its parent's output changed)
+    assert backends["small"].batches == [1]  # a2
+    assert trace.agent_calls == 2 and cache.hits == 1
+    assert trace.agents[0].cost == 0.0
+
+
+def test_identical_calls_in_one_batch_are_sent_once() -> None:
+    pool, backends = make_pool()
+    execute_specs([cot("small")] * 4, ["same task"] * 4, pool)
+    assert backends["small"].batches == [1]
+
+
+def test_failed_agent_fails_its_spec_only() -> None:
+    pool, _ = make_pool(fail_roles=["Verifier 1"])
+    traces = execute_specs([chain("large", 3), cot("large")], ["q1", "q2"], pool)
+    bad, good = traces
+    assert not bad.ok and "a2" in (bad.error or "") and "timeout" in (bad.error or "")
+    assert bad.answer == ""
+    assert bad.agents[2].error == "skipped: parent 'a2' failed"
+    assert good.ok and good.answer == "large:Solver:0"
+
+
+def test_mismatched_specs_and_tasks() -> None:
+    pool, _ = make_pool()
+    with pytest.raises(ValueError, match="2 specs but 1 tasks"):
+        execute_specs([cot("small"), cot("small")], ["q"], pool)
+
+
+def test_specs_of_different_depth_in_one_call() -> None:
+    pool, backends = make_pool()
+    spec = OrchestrationSpec(agents=[
+        AgentSpec(id="p", role="Planner", base_role="planner", duty="Plan.", capacity="small"),
+        AgentSpec(id="s", role="Solver", base_role="solver", duty="Solve.", capacity="large", depends_on=["p"]),
+    ], output="s")
+    traces = execute_specs([spec, cot("large"), chain("large", 4)], ["a", "b", "c"], pool)
+    assert all(t.ok for t in traces)
+    assert backends["large"].batches == [2, 2, 1, 1]
+    assert backends["small"].batches == [1]

@@ -1,0 +1,360 @@
+"""GRPO loss math on hand-computed values (lemon_core/grpo.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from lemon_core.grpo import (
+    GRPOConfig,
+    batched_group_advantages,
+    counterfactual_token_advantages,
+    group_advantages,
+    grpo_loss,
+    k3_kl,
+    offsets_from_token_ids,
+    sequence_logprobs,
+    span_mask_from_tokenizer,
+    span_token_mask,
+    token_advantages,
+)
+
+# ------------------------------------------------------------------ config
+
+
+def test_config_defaults_and_errors() -> None:
+    cfg = GRPOConfig()
+    assert (cfg.clip_eps, cfg.kl_coef, cfg.cf_coef, cfg.loss_aggregation) == (0.2, 0.04, 1.0, "token")
+    assert cfg.eps_low == cfg.eps_high == 0.2
+    assert GRPOConfig(clip_eps_high=0.28).eps_high == 0.28
+    with pytest.raises(ValidationError, match="clip_eps"):
+        GRPOConfig(clip_eps=1.5)
+    with pytest.raises(ValidationError, match="loss_aggregation"):
+        GRPOConfig(loss_aggregation="mean")
+    with pytest.raises(ValidationError, match="beta"):
+        GRPOConfig(beta=0.1)  # unknown keys are rejected, not silently ignored
+
+
+# ------------------------------------------------------------------ advantages
+
+
+def test_group_advantages_population_std_by_hand() -> None:
+    # mean 0.5, population std sqrt(((.5)^2 * 4) / 4) = 0.5  ->  (r - .5) / .5
+    adv = group_advantages([1.0, 0.0, 0.0, 1.0], std_eps=0.0)
+    assert adv.tolist() == [1.0, -1.0, -1.0, 1.0]
+    # [3, 1, 2]: mean 2, var (1 + 1 + 0) / 3, std sqrt(2/3) = 0.8165
+    adv = group_advantages(torch.tensor([3.0, 1.0, 2.0]), std_eps=1e-6)
+    s = math.sqrt(2 / 3) + 1e-6
+    assert adv.tolist() == pytest.approx([1 / s, -1 / s, 0.0], abs=1e-6)
+    assert group_advantages([3.0, 1.0, 2.0], scale=False).tolist() == [1.0, -1.0, 0.0]
+    assert adv.dtype == torch.float32
+
+
+def test_group_advantages_constant_group_is_zero_not_nan() -> None:
+    for rewards in ([0.1, 0.1, 0.1], [0.0] * 4, [-2.5], [1e9, 1e9]):
+        adv = group_advantages(rewards)
+        assert torch.equal(adv, torch.zeros(len(rewards)))
+
+
+def test_group_advantages_bad_input() -> None:
+    with pytest.raises(ValueError, match="rewards"):
+        group_advantages([])
+    with pytest.raises(ValueError, match="NaN"):
+        group_advantages([1.0, float("nan")])
+
+
+def test_batched_group_advantages_matches_per_group() -> None:
+    rewards = [1.0, 5.0, 0.0, 5.0, 0.0, 1.0, 2.0, 5.0]
+    ids = ["a", "b", "a", "b", "a", "a", "c", "b"]  # b is constant, c a singleton, rows interleaved
+    got = batched_group_advantages(rewards, ids)
+    want = torch.zeros(8)
+    for g in set(ids):
+        rows = [i for i, x in enumerate(ids) if x == g]
+        want[rows] = group_advantages([rewards[i] for i in rows])
+    assert torch.allclose(got, want, atol=1e-6)
+    assert got[[1, 3, 7]].tolist() == [0.0, 0.0, 0.0] and got[6].item() == 0.0
+    assert got[[0, 2, 4, 5]].tolist() == pytest.approx([1, -1, -1, 1], abs=1e-5)
+    unscaled = batched_group_advantages(rewards, torch.tensor([0, 1, 0, 1, 0, 0, 2, 1]), scale=False)
+    assert unscaled[[0, 2, 4, 5]].tolist() == [0.5, -0.5, -0.5, 0.5]
+    with pytest.raises(ValueError, match="group_ids"):
+        batched_group_advantages([1.0, 2.0], [0])
+
+
+# ------------------------------------------------------------------ span masks
+
+
+def test_span_token_mask_overlap_rule() -> None:
+    # text "capacity: large\n" ; tokens: "capacity" ":" " l" "arge" "\n" + a zero-width special token
+    offsets = [(0, 8), (8, 9), (9, 11), (11, 15), (15, 16), (0, 0)]
+    span = (10, 15)  # "large"
+    assert span_token_mask(offsets, span).tolist() == [False, False, True, True, False, False]
+    # span at the very start and the very end of the text
+    assert span_token_mask(offsets, (0, 3)).tolist() == [True, False, False, False, False, False]
+    assert span_token_mask(offsets, (15, 16)).tolist() == [False, False, False, False, True, False]
+    # a span touching a token only at its boundary does not select it (end is exclusive)
+    assert span_token_mask(offsets, (8, 9)).tolist() == [False, True, False, False, False, False]
+    # zero-width tokens never count, even inside the span
+    assert span_token_mask([(3, 3), (2, 5)], (0, 10)).tolist() == [False, True]
+    assert span_token_mask([], (0, 1)).shape == (0,)
+
+
+def test_span_token_mask_bad_span() -> None:
+    with pytest.raises(ValueError, match="span"):
+        span_token_mask([(0, 1)], (3, 3))
+    with pytest.raises(ValueError, match="span"):
+        span_token_mask([(0, 1)], (-1, 2))
+    with pytest.raises(ValueError, match="offsets"):
+        span_token_mask([0, 1, 2], (0, 1))
+
+
+@pytest.fixture(scope="module")
+def yaml_tokenizer():  # noqa: ANN201 - a transformers tokenizer
+    """A tiny byte-level BPE trained offline on spec-like YAML, wrapped as a HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [
+        "agents:\n  - id: solver\n    role: arithmetic solver\n    capacity: large\n    depends_on: []\n",
+        "  - id: verifier\n    capacity: small\n    depends_on: [solver]\n",
+        "output: solver\n",
+        "capacity: medium\n",
+    ] * 5
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<pad>"]
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_span_mask_from_real_tokenizer_covers_exactly_the_value(yaml_tokenizer) -> None:  # noqa: ANN001
+    text = "  - id: solver\n    capacity: large\n    depends_on: []\n"
+    start = text.index("large")
+    span = (start, start + len("large"))
+    mask = span_mask_from_tokenizer(yaml_tokenizer, text, span)
+    enc = yaml_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = enc["offset_mapping"]
+    assert mask.shape == (len(enc["input_ids"]),)
+    picked = [i for i in range(len(offsets)) if mask[i]]
+    assert picked == list(range(picked[0], picked[-1] + 1))  # one contiguous run
+    covered = "".join(text[a:b] for a, b in (offsets[i] for i in picked))
+    assert covered.strip() == "large"  # nothing from "capacity:" or the next line
+    assert offsets[picked[0]][0] <= span[0] and offsets[picked[-1]][1] >= span[1]  # all of "large"
+    before, after = offsets[picked[0] - 1], offsets[picked[-1] + 1]
+    assert before[1] <= span[0] and after[0] >= span[1]
+    with pytest.raises(ValueError, match="past the text"):
+        span_mask_from_tokenizer(yaml_tokenizer, text, (0, len(text) + 1))
+
+
+def test_offsets_from_sampled_ids_match_offset_mapping(yaml_tokenizer) -> None:  # noqa: ANN001
+    text = "  - id: verifier\n    capacity: small\n"
+    enc = yaml_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    want = [tuple(o) for o in enc["offset_mapping"]]
+    assert offsets_from_token_ids(yaml_tokenizer, enc["input_ids"]) == want
+
+
+# ------------------------------------------------------------------ token advantages
+
+
+def test_counterfactual_token_advantages_by_hand() -> None:
+    m1 = torch.tensor([False, False, True, True, False, False])
+    m2 = torch.tensor([False, False, False, True, True, False])
+    # beta=0.5: edit 1, delta=+0.4 -> 0.5*0.4*0.4 = 0.08 ; edit 2, delta=-0.2 -> 0.5*0.2*(-0.2) = -0.02
+    adv = counterfactual_token_advantages(6, [(m1, 0.4), (m2, -0.2)], cf_coef=0.5)
+    assert adv.tolist() == pytest.approx([0, 0, 0.08, 0.06, -0.02, 0], abs=1e-7)
+    assert adv[[0, 1, 5]].tolist() == [0.0, 0.0, 0.0]  # exactly zero outside every span
+    linear = counterfactual_token_advantages(6, [(m1, 0.4), (m2, -0.2)], 0.5, weight_by_abs_delta=False)
+    assert linear.tolist() == pytest.approx([0, 0, 0.2, 0.1, -0.1, 0], abs=1e-7)
+    assert counterfactual_token_advantages(6, [], 1.0).tolist() == [0.0] * 6
+    full = token_advantages(-1.5, 6, adv)
+    assert full.tolist() == pytest.approx([-1.5, -1.5, -1.42, -1.44, -1.52, -1.5], abs=1e-6)
+    assert token_advantages(0.25, 3).tolist() == [0.25] * 3
+
+
+def test_counterfactual_token_advantages_bad_input() -> None:
+    with pytest.raises(ValueError, match="edit 0: mask"):
+        counterfactual_token_advantages(4, [(torch.ones(3, dtype=torch.bool), 1.0)], 1.0)
+    with pytest.raises(ValueError, match="edit 0: mask"):
+        counterfactual_token_advantages(2, [(torch.tensor([1, 0]), 1.0)], 1.0)
+    with pytest.raises(ValueError, match="not finite"):
+        counterfactual_token_advantages(1, [(torch.tensor([True]), float("inf"))], 1.0)
+    with pytest.raises(ValueError, match="cf_adv"):
+        token_advantages(0.0, 3, torch.zeros(4))
+
+
+# ------------------------------------------------------------------ loss
+
+
+def test_clipped_surrogate_by_hand() -> None:
+    # ratios 1.5, 0.5, 1.1, 0.5 with advantages +1, -1, +2, +1 and eps 0.2:
+    #   t0: min(1.5*1, 1.2*1) = 1.2          -> -1.2   (clipped above, A>0)
+    #   t1: min(0.5*-1, 0.8*-1) = -0.8       -> +0.8   (clipped below, A<0)
+    #   t2: min(2.2, 2.2) = 2.2              -> -2.2   (inside)
+    #   t3: min(0.5, 0.8) = 0.5              -> -0.5   (outside, but unclipped side is smaller)
+    old = torch.log(torch.tensor([[0.2, 0.4, 0.5, 0.6]]))
+    ratio = torch.tensor([[1.5, 0.5, 1.1, 0.5]])
+    logp = (old + torch.log(ratio)).requires_grad_(True)
+    adv = torch.tensor([[1.0, -1.0, 2.0, 1.0]])
+    cfg = GRPOConfig(kl_coef=0.0)
+    loss, metrics = grpo_loss(logp, old, None, adv, torch.ones(1, 4), cfg)
+    assert loss.item() == pytest.approx((-1.2 + 0.8 - 2.2 - 0.5) / 4, abs=1e-6)
+    assert metrics["clip_ratio"] == pytest.approx(0.5)
+    assert metrics["clip_ratio/high"] == pytest.approx(0.25)
+    assert metrics["clip_ratio/low"] == pytest.approx(0.25)
+    assert metrics["ratio/mean"] == pytest.approx(0.9, abs=1e-6)
+    assert metrics["advantage/mean"] == pytest.approx(0.75)
+    assert metrics["kl"] == 0.0
+    loss.backward()
+    # d/dlogp of -ratio*A/T = -ratio*A/T on unclipped tokens, 0 where the clip is active
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -2.2 / 4, -0.5 / 4], abs=1e-6)
+
+
+def test_asymmetric_clip_high() -> None:
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.25, 0.75]]))
+    adv = torch.tensor([[1.0, -1.0]])
+    # eps_low 0.2, eps_high 0.3: 1.25 is inside [0.8, 1.3] now; 0.75 < 0.8 with A<0 is clipped low
+    cfg = GRPOConfig(kl_coef=0, clip_eps_high=0.3)
+    loss, metrics = grpo_loss(logp, old, None, adv, torch.ones(1, 2), cfg)
+    assert loss.item() == pytest.approx((-1.25 + 0.8) / 2, abs=1e-6)
+    assert metrics["clip_ratio/high"] == 0.0 and metrics["clip_ratio/low"] == pytest.approx(0.5)
+
+
+def test_k3_kl_by_hand_and_in_loss() -> None:
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.3]]))
+    ref = torch.log(torch.tensor([[0.25, 1.0, 0.3]]))
+    # q = log(ref/p): log 0.5 -> 0.5 + 0.693147 - 1 = 0.193147 ; log 2 -> 2 - 0.693147 - 1 = 0.306853 ; 0 -> 0
+    kl = k3_kl(logp, ref)
+    assert kl.tolist()[0] == pytest.approx([0.5 + math.log(2) - 1, 2 - math.log(2) - 1, 0.0], abs=1e-6)
+    adv = torch.tensor([[1.0, -2.0, 0.5]])
+    loss, metrics = grpo_loss(logp, logp.detach(), ref, adv, torch.ones(1, 3), GRPOConfig(kl_coef=0.1))
+    want = (-1.0 + 2.0 - 0.5) / 3 + 0.1 * (0.193147 + 0.306853 + 0.0) / 3
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+    assert metrics["kl"] == pytest.approx(0.5 / 3, abs=1e-5)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        grpo_loss(logp, logp, None, adv, torch.ones(1, 3), GRPOConfig())
+
+
+def test_kl_free_on_policy_loss_is_minus_mean_advantage() -> None:
+    torch.manual_seed(0)
+    logp = -torch.rand(3, 5) * 3
+    adv = torch.randn(3, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
+    loss, metrics = grpo_loss(logp, logp.clone(), None, adv, mask, GRPOConfig(kl_coef=0.0))
+    assert loss.item() == pytest.approx(-(adv * mask).sum().item() / 10, abs=1e-6)
+    assert metrics["clip_ratio"] == 0.0 and metrics["ratio/mean"] == pytest.approx(1.0)
+
+
+def test_token_vs_sequence_aggregation() -> None:
+    # on-policy, no KL: per-token loss = -A. Row 0 has 1 token (A=3), row 1 has 3 tokens (A=1).
+    logp = torch.zeros(2, 3)
+    adv = torch.tensor([[3.0, 9.0, 9.0], [1.0, 1.0, 1.0]])  # padded positions carry junk on purpose
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    token, _ = grpo_loss(logp, logp, None, adv, mask, GRPOConfig(kl_coef=0))
+    seq, _ = grpo_loss(logp, logp, None, adv, mask, GRPOConfig(kl_coef=0, loss_aggregation="sequence"))
+    assert token.item() == pytest.approx((-3 - 1 - 1 - 1) / 4)  # every token weighs the same
+    assert seq.item() == pytest.approx((-3 + -1) / 2)  # every completion weighs the same
+    # a whole optimizer step of 8 tokens split over micro-batches: normalise by the global count
+    half, _ = grpo_loss(logp, logp, None, adv, mask, GRPOConfig(kl_coef=0), total_tokens=8)
+    assert half.item() == pytest.approx(-6 / 8)
+    # [B] advantages broadcast over tokens
+    per_seq, _ = grpo_loss(logp, logp, None, torch.tensor([3.0, 1.0]), mask, GRPOConfig(kl_coef=0))
+    assert per_seq.item() == pytest.approx(token.item())
+
+
+def test_loss_shape_errors() -> None:
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        grpo_loss(x, torch.zeros(2, 4), None, x, x + 1, GRPOConfig(kl_coef=0))
+    with pytest.raises(ValueError, match="mask"):
+        grpo_loss(x, x, None, x, torch.ones(3, 2), GRPOConfig(kl_coef=0))
+    with pytest.raises(ValueError, match="no completion tokens"):
+        grpo_loss(x, x, None, x, x, GRPOConfig(kl_coef=0))
+
+
+def _edit_batch(cf_coef: float, group_adv: float) -> torch.Tensor:
+    span = torch.tensor([False, False, True, True, False, False])
+    cf = counterfactual_token_advantages(6, [(span, 0.5)], cf_coef)
+    return token_advantages(group_adv, 6, cf)[None]
+
+
+def test_counterfactual_gradient_only_on_edited_tokens() -> None:
+    torch.manual_seed(1)
+    logp = (-torch.rand(1, 6) * 2).requires_grad_(True)
+    # group advantage 0, KL to a reference equal to the policy: the only signal is the span term
+    loss, _ = grpo_loss(logp, logp.detach(), logp.detach().clone(), _edit_batch(1.0, 0.0), torch.ones(1, 6),
+                        GRPOConfig())
+    loss.backward()
+    g = logp.grad[0]
+    assert torch.all(g[[0, 1, 4, 5]] == 0)
+    assert torch.all(g[[2, 3]] != 0)
+    # beta*|delta|*delta = 0.25 on each span token; d(-ratio*A/T)/dlogp = -0.25/6 at ratio 1
+    assert g[[2, 3]].tolist() == pytest.approx([-0.25 / 6] * 2, abs=1e-7)
+
+
+def test_counterfactual_term_adds_no_gradient_outside_span_in_general() -> None:
+    """Off-policy ratios, nonzero group advantage and KL: switching the cf term on changes span grads only."""
+    torch.manual_seed(2)
+    base = -torch.rand(1, 6) * 2
+    old = base + 0.1 * torch.randn(1, 6)
+    ref = base + 0.3 * torch.randn(1, 6)
+    grads = []
+    for cf_coef in (0.0, 3.0):
+        logp = base.clone().requires_grad_(True)
+        adv = _edit_batch(cf_coef, -0.7)
+        loss, _ = grpo_loss(logp, old, ref, adv, torch.ones(1, 6), GRPOConfig(clip_eps=0.5))
+        loss.backward()
+        grads.append(logp.grad[0].clone())
+    diff = grads[1] - grads[0]
+    assert torch.all(grads[0] != 0)  # group advantage and KL reach every token
+    assert torch.all(diff[[0, 1, 4, 5]] == 0)
+    assert torch.all(diff[[2, 3]] != 0)
+
+
+# ------------------------------------------------------------------ logprobs from a model
+
+
+def _tiny_causal_lm(kind: str) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "llama":  # rotary positions: only relative offsets matter
+        return LlamaForCausalLM(LlamaConfig(
+            vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        )).eval()
+    # learned absolute positions: wrong position ids under left padding would change the result
+    return GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_sequence_logprobs_match_manual_loop(kind: str) -> None:
+    model = _tiny_causal_lm(kind)
+    prompts = [[5, 6, 7, 8], [9, 10]]  # left-padded to 4
+    completions = [[11, 12, 13], [14, 15]]  # right-padded to 3
+    start, width = 4, 3
+    ids = torch.zeros(2, start + width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[b, start - len(p):start], attn[b, start - len(p):start] = torch.tensor(p), 1
+        ids[b, start:start + len(c)], attn[b, start:start + len(c)] = torch.tensor(c), 1
+
+    with torch.no_grad():
+        got = sequence_logprobs(model, ids, attn, completion_start=start)
+        assert got.shape == (2, width)
+        for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            seq = p + c
+            for j in range(len(c)):
+                ctx = torch.tensor([seq[: len(p) + j]])
+                want = torch.log_softmax(model(input_ids=ctx).logits[0, -1], -1)[c[j]]
+                assert got[b, j].item() == pytest.approx(want.item(), abs=1e-4)
+        hot = sequence_logprobs(model, ids, attn, completion_start=start, temperature=2.0)
+        assert not torch.allclose(hot, got)
+    with pytest.raises(ValueError, match="completion_start"):
+        sequence_logprobs(model, ids, attn, completion_start=0)

@@ -1,0 +1,96 @@
+"""Orchestrator policy: the prompt template, padding layout, seeded sampling and its old logprobs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lemon_core.baselines import chain
+from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, pack, spec_completion
+from lemon_core.pool import load_pool
+from lemon_core.roles import BASE_ROLES
+from lemon_core.spec import parse_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build_tiny_chat_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> OrchestratorPolicy:
+    torch.set_num_threads(1)
+    path = build_tiny_chat_model(tmp_path_factory.mktemp("tiny"), seed=0)
+    return OrchestratorPolicy.load(str(path), include_roles=False, include_format=False)
+
+
+def test_prompt_lists_task_levels_prices_roles_and_a_parseable_example() -> None:
+    pool = load_pool("simulated")
+    system, user = (m["content"] for m in orchestrator_messages("What is 2 + 3?", pool))
+    assert "orchestrator" in system
+    assert "Task:\nWhat is 2 + 3?" in user
+    for lv in pool.levels:
+        assert f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out" in user
+    for name in BASE_ROLES:
+        assert f"- {name}: " in user
+    example = user.split("```yaml\n", 1)[1]
+    assert parse_spec("```yaml\n" + example, pool).spec.agents[0].capacity == "small"  # cheapest level
+    short = orchestrator_messages("What is 2 + 3?", pool, include_roles=False, include_format=False)[1]["content"]
+    assert "base_role" not in short and "```yaml block" in short and len(short) < len(user) / 3
+
+
+def test_spec_completion_round_trips() -> None:
+    spec = chain("large", length=2)
+    assert parse_spec(spec_completion(spec), load_pool("simulated")).spec == spec
+
+
+def test_pack_left_pads_prompts_and_right_pads_completions() -> None:
+    ids, mask, start = pack([[1, 2, 3], [4]], [[5], [6, 7]], pad_id=0)
+    assert start == 3
+    assert ids.tolist() == [[1, 2, 3, 5, 0], [0, 0, 4, 6, 7]]
+    assert mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+
+
+def test_sampling_is_seeded_and_old_logprobs_match_a_fresh_forward_pass(policy: OrchestratorPolicy) -> None:
+    pool = load_pool("simulated")
+    prompts = [policy.prompt_ids("What is 2 + 3?", pool), policy.prompt_ids("Add 4 and 9.", pool)]
+    a = policy.sample(prompts, 3, max_new_tokens=12, temperature=1.0, seed=7)
+    b = policy.sample(prompts, 3, max_new_tokens=12, temperature=1.0, seed=7)
+    c = policy.sample(prompts, 3, max_new_tokens=12, temperature=1.0, seed=8)
+    flat = lambda groups: [s.completion_ids for g in groups for s in g]  # noqa: E731
+    assert flat(a) == flat(b) and flat(a) != flat(c)
+    assert [len(g) for g in a] == [3, 3] and all(s.prompt_ids == prompts[i] for i, g in enumerate(a) for s in g)
+    for group in a:
+        for s in group:
+            assert len(s.old_logprobs) == len(s.completion_ids) == len(s.offsets)
+            alone = policy.logprobs([s.prompt_ids], [s.completion_ids], temperature=1.0)[0]
+            assert alone == pytest.approx(s.old_logprobs, abs=1e-4)  # batch padding does not change them
+            assert all(lp <= 0 for lp in s.old_logprobs)
+            if s.finished:
+                assert s.completion_ids[-1] in policy.eos_ids
+            body = s.completion_ids[:-1] if s.finished else s.completion_ids
+            assert s.text == policy.tokenizer.decode(body, skip_special_tokens=False)
+            assert s.offsets[len(body) - 1][1] == len(s.text) if body else True
+
+
+def test_temperature_changes_the_logprob_convention(policy: OrchestratorPolicy) -> None:
+    pool = load_pool("simulated")
+    prompt = policy.prompt_ids("What is 2 + 3?", pool)
+    s = policy.sample([prompt], 1, max_new_tokens=6, temperature=0.5, seed=1)[0][0]
+    assert s.old_logprobs == pytest.approx(policy.logprobs([prompt], [s.completion_ids], temperature=0.5)[0], abs=1e-4)
+    assert s.old_logprobs != pytest.approx(policy.logprobs([prompt], [s.completion_ids], temperature=1.0)[0], abs=1e-4)
+
+
+def test_greedy_sampling_is_deterministic_across_seeds(policy: OrchestratorPolicy) -> None:
+    prompt = policy.prompt_ids("What is 2 + 3?", load_pool("simulated"))
+    g1 = policy.sample([prompt], 2, max_new_tokens=8, temperature=0.0, seed=1)[0]
+    g2 = policy.sample([prompt], 1, max_new_tokens=8, temperature=0.0, seed=99)[0]
+    assert g1[0].completion_ids == g1[1].completion_ids == g2[0].completion_ids
+
+
+def test_bad_arguments_are_named(policy: OrchestratorPolicy) -> None:
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        policy.sample([[1, 2]], 1, max_new_tokens=0)
+    with pytest.raises(ValueError, match="dtype"):
+        OrchestratorPolicy.load("whatever", dtype="int8")
