@@ -123,5 +123,19 @@ def models_list(
         typer.echo(f"{m.alias:32s} {'instruct' if m.instruct else 'base':9s} {state}")
 
 
+def _register_stage_commands() -> None:
+    """Training, pipeline and serving commands live beside their modules; they are added here."""
+    from lemon_core.cli_pipeline import pipeline_app, register
+    from lemon_core.cli_serve import serve_command
+    from lemon_core.cli_train import train_command
+
+    app.command("train")(train_command)
+    app.command("serve")(serve_command)
+    app.add_typer(pipeline_app, name="pipeline")
+    register(app)
+
+
+_register_stage_commands()
+
 if __name__ == "__main__":
     app()

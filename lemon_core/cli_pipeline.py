@@ -132,7 +132,7 @@ def prepare_command(config: ConfigOpt = "local-cpu") -> None:
 
 
 def rollout_command(
-    shard: Annotated[str, typer.Option(help="Task shard URI.")],
+    shard: Annotated[int, typer.Option(help="Train shard index (modulo the number of shards).")],
     checkpoint: Annotated[str, typer.Option(help="Policy checkpoint URI.")],
     manifest: Annotated[str, typer.Option(help="Task manifest URI.")],
     iteration: Annotated[int, typer.Option(min=1)] = 1,

@@ -14,20 +14,40 @@ from pydantic import ValidationError
 
 
 def train_command(
-    config: Annotated[Path, typer.Option(
-        help="Training config YAML (e.g. lemon_core/configs/train-cpu.yaml, or a bundled name: train-cpu, "
-             "train-gpu, train-tiny). Any field can be overridden by LEMON_* env, nested with '__': "
-             "LEMON_OPTIM__LR=1e-5, LEMON_ITERATIONS=10.")],
-    resume: Annotated[bool, typer.Option(
-        help="Continue from OUT/checkpoints/latest: same step, optimizer, RNG and data order. "
-             "Starts fresh when no checkpoint exists yet.")] = False,
-    out: Annotated[Path | None, typer.Option(
-        help="Output folder (checkpoints/, metrics.jsonl, rollouts/, reward_curve.png); overrides `out:`.")] = None,
-    iterations: Annotated[int | None, typer.Option(min=0, help="GRPO steps; overrides `iterations:`.")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="Orchestrator model (local path, `lemon models` alias or HF id); overrides `model:`.")] = None,
-    pool: Annotated[str | None, typer.Option(
-        help="Capacity pool YAML or built-in name (cpu, gpu, simulated); overrides `pool:`.")] = None,
+    config: Annotated[
+        Path,
+        typer.Option(
+            help="Training config YAML (e.g. lemon_core/configs/train-cpu.yaml, or a bundled name: train-cpu, "
+            "train-gpu, train-tiny). Any field can be overridden by LEMON_* env, nested with '__': "
+            "LEMON_OPTIM__LR=1e-5, LEMON_ITERATIONS=10."
+        ),
+    ],
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue from OUT/checkpoints/latest: same step, optimizer, RNG and data order. "
+            "Starts fresh when no checkpoint exists yet."
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Output folder (checkpoints/, metrics.jsonl, rollouts/, reward_curve.png); overrides `out:`."
+        ),
+    ] = None,
+    iterations: Annotated[
+        int | None, typer.Option(min=0, help="GRPO steps; overrides `iterations:`.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Orchestrator model (local path, `lemon models` alias or HF id); overrides `model:`."
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Capacity pool YAML or built-in name (cpu, gpu, simulated); overrides `pool:`."),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Train an orchestrator: SFT warm-up, then N GRPO iterations (rollout -> counterfactuals -> update).
@@ -38,8 +58,16 @@ def train_command(
     """
     from lemon_core.train import TrainConfig, train
 
-    overrides = {k: v for k, v in {"out": str(out) if out else None, "iterations": iterations,
-                                   "model": model, "pool": pool}.items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in {
+            "out": str(out) if out else None,
+            "iterations": iterations,
+            "model": model,
+            "pool": pool,
+        }.items()
+        if v is not None
+    }
     overrides["progress"] = progress
     try:
         cfg = TrainConfig.from_yaml(config, **overrides)

@@ -36,8 +36,12 @@ def plot_reward_curve(rows: Sequence[dict[str, Any]] | str | Path, out_png: str 
     _, std = _series(rows, "reward/std")
     ax.plot(steps, mean, marker="o", label="reward (rollouts)")
     if len(std) == len(mean):
-        ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
-                        [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
+        ax.fill_between(
+            steps,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            alpha=0.2,
+        )
     es, ev = _series(rows, "eval/reward")
     if es:
         ax.plot(es, ev, marker="s", label="reward (held-out eval)")

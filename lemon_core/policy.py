@@ -44,14 +44,23 @@ ORCHESTRATOR_FORMAT = (
 
 def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
     cheap = pool.level_names[0]
-    return OrchestrationSpec(agents=[
-        AgentSpec(id="a1", role="Step-by-step solver", base_role="solver",
-                  duty="Solve the problem step by step and state the final answer.", capacity=cheap),
-    ], output="a1")
+    return OrchestrationSpec(
+        agents=[
+            AgentSpec(
+                id="a1",
+                role="Step-by-step solver",
+                base_role="solver",
+                duty="Solve the problem step by step and state the final answer.",
+                capacity=cheap,
+            ),
+        ],
+        output="a1",
+    )
 
 
-def orchestrator_messages(question: str, pool: CapacityPool, include_roles: bool = True,
-                          include_format: bool = True) -> list[dict[str, str]]:
+def orchestrator_messages(
+    question: str, pool: CapacityPool, include_roles: bool = True, include_format: bool = True
+) -> list[dict[str, str]]:
     """Chat messages asking for a spec for ``question`` (the one orchestrator prompt of lemon).
 
     ``include_roles`` lists the base-role library; ``include_format`` shows the YAML format with an
@@ -62,14 +71,16 @@ def orchestrator_messages(question: str, pool: CapacityPool, include_roles: bool
         f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
         for lv in pool.levels
     )
-    parts = [f"Task:\n{question.strip()}",
-             f"Capacity levels (cheapest first):\n{levels}"]
+    parts = [f"Task:\n{question.strip()}", f"Capacity levels (cheapest first):\n{levels}"]
     if include_roles:
         roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
         parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
     if include_format:
-        parts.append(ORCHESTRATOR_FORMAT.format(example=render_spec(_example_spec(pool)),
-                                                levels=", ".join(pool.level_names)))
+        parts.append(
+            ORCHESTRATOR_FORMAT.format(
+                example=render_spec(_example_spec(pool)), levels=", ".join(pool.level_names)
+            )
+        )
     else:
         parts.append("Write the team as a YAML spec in a ```yaml block.")
     user = "\n\n".join(parts)
@@ -93,8 +104,11 @@ class Sample:
     finished: bool  # ended with an end-of-turn token (else cut at max_new_tokens)
 
 
-def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-         ) -> tuple[Tensor, Tensor, int]:
+def pack(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+) -> tuple[Tensor, Tensor, int]:
     """Prompts left-padded to a common width, completions right-padded after them.
 
     Returns (input_ids, attention_mask, completion_start): the layout ``grpo.sequence_logprobs``
@@ -105,11 +119,11 @@ def pack(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), length), dtype=torch.long)
     for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        ids[row, width - len(p):width] = torch.tensor(list(p), dtype=torch.long)
-        mask[row, width - len(p):width] = 1
+        ids[row, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p) : width] = 1
         if c:
-            ids[row, width:width + len(c)] = torch.tensor(list(c), dtype=torch.long)
-            mask[row, width:width + len(c)] = 1
+            ids[row, width : width + len(c)] = torch.tensor(list(c), dtype=torch.long)
+            mask[row, width : width + len(c)] = 1
     return ids, mask, width
 
 
@@ -120,11 +134,18 @@ class OrchestratorPolicy:
     ``lemon_core.models.resolve_model``). The tokenizer must be fast (offsets) and have a chat template.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu", include_roles: bool = True,
-                 include_format: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str = "cpu",
+        include_roles: bool = True,
+        include_format: bool = True,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the orchestrator tokenizer has no chat template; "
-                             "give it one (tokenizer.chat_template)")
+            raise ValueError(
+                "the orchestrator tokenizer has no chat template; give it one (tokenizer.chat_template)"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -139,8 +160,14 @@ class OrchestratorPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     @classmethod
-    def load(cls, name_or_path: str, device: str = "cpu", dtype: str = "float32",
-             include_roles: bool = True, include_format: bool = True) -> OrchestratorPolicy:
+    def load(
+        cls,
+        name_or_path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        include_roles: bool = True,
+        include_format: bool = True,
+    ) -> OrchestratorPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from lemon_core.models import resolve_model
@@ -151,13 +178,16 @@ class OrchestratorPolicy:
         path = resolve_model(name_or_path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device)
-        return cls(model, tokenizer, device=device, include_roles=include_roles, include_format=include_format)
+        return cls(
+            model, tokenizer, device=device, include_roles=include_roles, include_format=include_format
+        )
 
     # --- prompts ----------------------------------------------------------------------------------
     def prompt_ids(self, question: str, pool: CapacityPool) -> list[int]:
         msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format)
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -168,8 +198,17 @@ class OrchestratorPolicy:
 
     # --- sampling ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, prompts: Sequence[Sequence[int]], n: int, *, max_new_tokens: int, temperature: float = 1.0,
-               top_p: float = 1.0, seed: int = 0, batch_size: int = 16) -> list[list[Sample]]:
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 16,
+    ) -> list[list[Sample]]:
         """``n`` completions per prompt (result[i][j] = j-th sample of prompt i), seeded.
 
         temperature 0 means greedy. Old logprobs use ``temperature`` (1 when greedy), the same
@@ -182,18 +221,24 @@ class OrchestratorPolicy:
         was_training = self.model.training
         self.model.eval()
         for lo in range(0, len(flat), batch_size):
-            out.extend(self._sample_batch(flat[lo:lo + batch_size], max_new_tokens, temperature, top_p,
-                                          seed + lo))
+            out.extend(
+                self._sample_batch(flat[lo : lo + batch_size], max_new_tokens, temperature, top_p, seed + lo)
+            )
         self.model.train(was_training)
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _sample_batch(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                      seed: int) -> list[Sample]:
+    def _sample_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, seed: int
+    ) -> list[Sample]:
         ids, mask, width = pack(prompts, [[] for _ in prompts], self.pad_id)
         ids, mask = ids[:, :width].to(self.device), mask[:, :width].to(self.device)
         greedy = temperature <= 0
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=not greedy,
-                                      pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+        )
         if not greedy:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
@@ -203,28 +248,40 @@ class OrchestratorPolicy:
         completions, finished = [], []
         for row in new:
             cut = next((t for t, tok in enumerate(row) if tok in self.eos_ids), None)
-            completions.append(row if cut is None else row[:cut + 1])
+            completions.append(row if cut is None else row[: cut + 1])
             finished.append(cut is not None)
         old = self.logprobs(prompts, completions, temperature=1.0 if greedy else temperature)
         samples = []
         for p, c, lp, done in zip(prompts, completions, old, finished, strict=True):
             body = c[:-1] if done else c  # the end-of-turn token is trained on but is not spec text
             text = self.tokenizer.decode(body, skip_special_tokens=False)
-            offsets = offsets_from_token_ids(self.tokenizer, body) + ([(len(text), len(text))] if done else [])
+            offsets = offsets_from_token_ids(self.tokenizer, body) + (
+                [(len(text), len(text))] if done else []
+            )
             samples.append(Sample(p, c, text, lp, offsets, done))
         return samples
 
     # --- scoring ----------------------------------------------------------------------------------
-    def logprobs(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                 temperature: float = 1.0, grad: bool = False) -> list[list[float]]:
+    def logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        grad: bool = False,
+    ) -> list[list[float]]:
         """Per-token log pi(completion token | prefix), as plain lists (no grad)."""
         ctx = nullcontext() if grad else torch.no_grad()
         with ctx:
             lp, mask = self.logprob_tensor(prompts, completions, temperature)
         return [row[: int(m.sum())].tolist() for row, m in zip(lp.float().cpu(), mask.cpu(), strict=True)]
 
-    def logprob_tensor(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                       temperature: float = 1.0, model: Any = None) -> tuple[Tensor, Tensor]:
+    def logprob_tensor(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        model: Any = None,
+    ) -> tuple[Tensor, Tensor]:
         """([B, T] logprobs of the completion tokens, [B, T] mask) under ``model`` (default: the policy)."""
         ids, mask, start = pack(prompts, completions, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)

@@ -57,7 +57,9 @@ class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     group_size: int = Field(4, ge=2, description="G: specs sampled per task (the GRPO group)")
-    edits_per_spec: int = Field(2, ge=0, description="K: counterfactual edits per valid spec (0 = plain GRPO)")
+    edits_per_spec: int = Field(
+        2, ge=0, description="K: counterfactual edits per valid spec (0 = plain GRPO)"
+    )
     max_new_tokens: int = Field(256, ge=8, description="longest spec the policy may write, in tokens")
     temperature: float = Field(1.0, gt=0, le=2, description="sampling temperature (also used in the loss)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
@@ -134,24 +136,45 @@ def _score(trace: Trace, example: Any, scorer: Scorer) -> float:
 
 
 def collect_rollouts(
-    policy: OrchestratorPolicy, examples: Sequence[Any], pool: CapacityPool, cfg: RolloutConfig,
-    reward_cfg: RewardConfig, sampler: EditFamilySampler, *, step: int, seed: int,
+    policy: OrchestratorPolicy,
+    examples: Sequence[Any],
+    pool: CapacityPool,
+    cfg: RolloutConfig,
+    reward_cfg: RewardConfig,
+    sampler: EditFamilySampler,
+    *,
+    step: int,
+    seed: int,
     scorer: Scorer = benchmark_scorer,
 ) -> tuple[list[RolloutRecord], RolloutStats]:
     """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
-    groups = policy.sample(prompts, cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                           temperature=cfg.temperature, top_p=cfg.top_p, seed=seed,
-                           batch_size=cfg.sample_batch_size)
+    groups = policy.sample(
+        prompts,
+        cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=seed,
+        batch_size=cfg.sample_batch_size,
+    )
     records: list[RolloutRecord] = []
     parsed: list[ParsedSpec | None] = []
     owners: list[Any] = []
     for ex, group in zip(examples, groups, strict=True):
         for j, s in enumerate(group):
             rec = RolloutRecord(
-                step=step, task_id=str(ex.id), benchmark=str(getattr(ex, "benchmark", "")), sample=j,
-                prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, old_logprobs=s.old_logprobs,
-                offsets=s.offsets, temperature=cfg.temperature, text=s.text, valid=False,
+                step=step,
+                task_id=str(ex.id),
+                benchmark=str(getattr(ex, "benchmark", "")),
+                sample=j,
+                prompt_ids=s.prompt_ids,
+                completion_ids=s.completion_ids,
+                old_logprobs=s.old_logprobs,
+                offsets=s.offsets,
+                temperature=cfg.temperature,
+                text=s.text,
+                valid=False,
                 reward=compute_reward(0.0, None, reward_cfg),
             )
             p, rec.error = parse_completion(s.text, pool)
@@ -165,26 +188,46 @@ def collect_rollouts(
     stats = RolloutStats()
     cache = ExecutionCache()
     valid = [i for i, p in enumerate(parsed) if p is not None]
-    traces = execute_specs([parsed[i].spec for i in valid], [owners[i] for i in valid], pool,  # type: ignore[union-attr]
-                           cache=cache, seed=seed)
+    traces = execute_specs(
+        [parsed[i].spec for i in valid],
+        [owners[i] for i in valid],
+        pool,  # type: ignore[union-attr]
+        cache=cache,
+        seed=seed,
+    )
     for i, trace in zip(valid, traces, strict=True):
         rec = records[i]
         rec.score = _score(trace, owners[i], scorer)
         rec.reward = compute_reward(rec.score, trace, reward_cfg)
-        rec.tokens, rec.cost, rec.agent_calls, rec.answer = trace.tokens, trace.cost, trace.agent_calls, trace.answer
+        rec.tokens, rec.cost, rec.agent_calls, rec.answer = (
+            trace.tokens,
+            trace.cost,
+            trace.agent_calls,
+            trace.answer,
+        )
         stats.agent_calls += trace.agent_calls
 
     if cfg.edits_per_spec > 0 and valid:
-        _probe_counterfactuals(records, parsed, owners, valid, pool, cfg, reward_cfg, sampler, cache,
-                               seed, scorer, stats)
+        _probe_counterfactuals(
+            records, parsed, owners, valid, pool, cfg, reward_cfg, sampler, cache, seed, scorer, stats
+        )
     stats.cache_hits = cache.hits
     return records, stats
 
 
 def _probe_counterfactuals(
-    records: list[RolloutRecord], parsed: list[ParsedSpec | None], owners: list[Any], valid: list[int],
-    pool: CapacityPool, cfg: RolloutConfig, reward_cfg: RewardConfig, sampler: EditFamilySampler,
-    cache: ExecutionCache, seed: int, scorer: Scorer, stats: RolloutStats,
+    records: list[RolloutRecord],
+    parsed: list[ParsedSpec | None],
+    owners: list[Any],
+    valid: list[int],
+    pool: CapacityPool,
+    cfg: RolloutConfig,
+    reward_cfg: RewardConfig,
+    sampler: EditFamilySampler,
+    cache: ExecutionCache,
+    seed: int,
+    scorer: Scorer,
+    stats: RolloutStats,
 ) -> None:
     """Choose K edits per valid spec, re-execute them all at once with the shared cache, fill Delta."""
     rng = random.Random(seed)
@@ -196,13 +239,23 @@ def _probe_counterfactuals(
             jobs.append((i, edit))
     if not jobs:
         return
-    traces = execute_specs([e.spec for _, e in jobs], [owners[i] for i, _ in jobs], pool, cache=cache, seed=seed)
+    traces = execute_specs(
+        [e.spec for _, e in jobs], [owners[i] for i, _ in jobs], pool, cache=cache, seed=seed
+    )
     for (i, edit), trace in zip(jobs, traces, strict=True):
         r_edit = compute_reward(_score(trace, owners[i], scorer), trace, reward_cfg).total
         delta = records[i].reward.total - r_edit
         sampler.update(edit.family, delta)
-        records[i].edits.append(EditResult(family=edit.family.value, agent_id=edit.agent_id, span=edit.span,
-                                           description=edit.description, reward=r_edit, delta=delta))
+        records[i].edits.append(
+            EditResult(
+                family=edit.family.value,
+                agent_id=edit.agent_id,
+                span=edit.span,
+                description=edit.description,
+                reward=r_edit,
+                delta=delta,
+            )
+        )
         stats.edit_agent_calls += trace.agent_calls
         stats.edit_full_calls += len(edit.spec.agents)
 

@@ -48,18 +48,26 @@ ROLE_NAMES: dict[str, list[str]] = {
 }
 
 CUSTOM_DUTIES: dict[str, list[str]] = {
-    "planner": ["List the quantities in the problem and the steps that combine them.",
-                "Split the problem into two or three short steps."],
-    "solver": ["Solve the problem step by step and state the final answer.",
-               "Compute the answer carefully, showing each calculation, then state it.",
-               "Follow the plan, compute each step, and give the final number."],
-    "verifier": ["Recompute the solution and correct any arithmetic mistake.",
-                 "Check each step of the solution and state the correct final answer."],
+    "planner": [
+        "List the quantities in the problem and the steps that combine them.",
+        "Split the problem into two or three short steps.",
+    ],
+    "solver": [
+        "Solve the problem step by step and state the final answer.",
+        "Compute the answer carefully, showing each calculation, then state it.",
+        "Follow the plan, compute each step, and give the final number.",
+    ],
+    "verifier": [
+        "Recompute the solution and correct any arithmetic mistake.",
+        "Check each step of the solution and state the correct final answer.",
+    ],
     "critic": ["Find the most likely mistake in the solution and explain it."],
     "coder": ["Write a Python function that computes the answer."],
     "tester": ["Check the code against small examples and report failures."],
-    "aggregator": ["Report the answer most of the solutions agree on.",
-                   "Compare the answers and give the best supported final answer."],
+    "aggregator": [
+        "Report the answer most of the solutions agree on.",
+        "Compare the answers and give the best supported final answer.",
+    ],
     "debater": ["Defend your answer or correct it after reading the others."],
     "summarizer": ["Summarise the work in two sentences with the final result."],
 }
@@ -74,8 +82,10 @@ class SFTConfig(BaseModel):
     steps: int = Field(60, ge=0, description="optimizer steps")
     batch_size: int = Field(8, ge=1)
     lr: float = Field(5e-5, gt=0)
-    topologies: list[str] = Field(default_factory=lambda: list(TOPOLOGIES),
-                                  description=f"baseline topologies to vary, from {list(TOPOLOGIES)}")
+    topologies: list[str] = Field(
+        default_factory=lambda: list(TOPOLOGIES),
+        description=f"baseline topologies to vary, from {list(TOPOLOGIES)}",
+    )
     vary_text: bool = Field(True, description="vary role names and customised duties (else defaults)")
     mixed_capacity: bool = Field(True, description="per-agent random capacity (else one level per spec)")
     pairs_per_task: int = Field(1, ge=0, description="templated specs per training task (0: teacher only)")
@@ -126,24 +136,33 @@ def load_teacher(path: str | Path, pool: CapacityPool) -> list[tuple[str, str]]:
             text = spec if isinstance(spec, str) else json.dumps(spec)
             parsed = parse_spec(text, pool)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path} line {n}: expected JSON {{\"question\": ..., \"spec\": ...}} ({e})") from None
+            raise ValueError(
+                f'{path} line {n}: expected JSON {{"question": ..., "spec": ...}} ({e})'
+            ) from None
         except SpecError as e:
             raise ValueError(f"{path} line {n}: teacher spec is invalid: {e}") from None
         pairs.append((question, spec_completion(parsed.spec)))
     return pairs
 
 
-def sft_pairs(questions: Sequence[str], pool: CapacityPool, cfg: SFTConfig, seed: int) -> list[tuple[str, str]]:
+def sft_pairs(
+    questions: Sequence[str], pool: CapacityPool, cfg: SFTConfig, seed: int
+) -> list[tuple[str, str]]:
     """One templated (question, spec completion) pair per question, plus the teacher pairs."""
     rng = random.Random(seed)
-    pairs = [(q, spec_completion(templated_spec(pool, rng, cfg))) for q in questions
-             for _ in range(cfg.pairs_per_task)]
+    pairs = [
+        (q, spec_completion(templated_spec(pool, rng, cfg)))
+        for q in questions
+        for _ in range(cfg.pairs_per_task)
+    ]
     if cfg.teacher_jsonl:
         pairs += load_teacher(cfg.teacher_jsonl, pool)
     return pairs
 
 
-def sft_loss(policy: OrchestratorPolicy, batch: Sequence[tuple[str, str]], pool: CapacityPool) -> torch.Tensor:
+def sft_loss(
+    policy: OrchestratorPolicy, batch: Sequence[tuple[str, str]], pool: CapacityPool
+) -> torch.Tensor:
     """Mean NLL of the completion tokens (prompt tokens are context only)."""
     prompts = [policy.prompt_ids(q, pool) for q, _ in batch]
     completions = [policy.completion_ids(c) for _, c in batch]
@@ -152,8 +171,14 @@ def sft_loss(policy: OrchestratorPolicy, batch: Sequence[tuple[str, str]], pool:
     return -(lp * mask).sum() / mask.sum()
 
 
-def sft_train(policy: OrchestratorPolicy, pairs: Sequence[tuple[str, str]], pool: CapacityPool, cfg: SFTConfig,
-              seed: int = 0, progress: bool = False) -> list[float]:
+def sft_train(
+    policy: OrchestratorPolicy,
+    pairs: Sequence[tuple[str, str]],
+    pool: CapacityPool,
+    cfg: SFTConfig,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[float]:
     """Fine-tune ``policy.model`` in place on ``pairs``; returns the loss of each step."""
     from tqdm.auto import tqdm
 
@@ -178,13 +203,23 @@ def sft_train(policy: OrchestratorPolicy, pairs: Sequence[tuple[str, str]], pool
     return losses
 
 
-def valid_spec_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: CapacityPool, *, samples: int,
-                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0) -> float:
+def valid_spec_rate(
+    policy: OrchestratorPolicy,
+    questions: Sequence[str],
+    pool: CapacityPool,
+    *,
+    samples: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> float:
     """Fraction of sampled completions that ``parse_spec`` accepts (spec found, valid, known levels)."""
     if not questions:
         return float("nan")
     prompts = [policy.prompt_ids(q, pool) for q in questions]
-    groups = policy.sample(prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    groups = policy.sample(
+        prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+    )
     ok = total = 0
     for group in groups:
         for s in group:

@@ -284,9 +284,10 @@ def _sampler_state(checkpoint: Path) -> dict[str, float]:
 
 
 def stage_rollout(
-    cfg: PipelineConfig, manifest_uri: str, shard_uri: str, iteration: int, checkpoint_uri: str
+    cfg: PipelineConfig, manifest_uri: str, shard_index: int, iteration: int, checkpoint_uri: str
 ) -> str:
-    """Rollouts of this iteration's tasks from one shard with the current policy; returns the records URI."""
+    """Rollouts of this iteration's tasks from train shard ``shard_index`` (modulo the number of
+    shards) with the current policy; returns the records URI."""
     from lemon_core.counterfactual import EditFamily, EditFamilySampler
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
@@ -295,6 +296,8 @@ def stage_rollout(
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
+    shards = manifest.shards("train")
+    shard_uri = shards[shard_index % len(shards)]
     tasks = [ex for _, ex in read_shard(shard_uri, manifest)]
     if not tasks:
         raise StageError(f"shard {shard_uri} has no tasks; lower prepare.shard_size or raise train_limit")
@@ -315,7 +318,7 @@ def stage_rollout(
         step=iteration,
         seed=tc.seed * 1_000_003 + iteration * 7919 + shard_seed,
     )
-    name = shard_uri.rstrip("/").rsplit("/", 1)[-1]
+    name = f"pod-{shard_index:03d}-" + shard_uri.rstrip("/").rsplit("/", 1)[-1]
     uri = storage.join(cfg.artifacts, f"iter-{iteration:03d}", "rollouts", name)
     write_records(records, uri)
     m = LemonMetrics()

@@ -33,9 +33,10 @@ import mimetypes
 import os
 import re
 import shutil
+import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -453,6 +454,8 @@ def list_uris(prefix: str, *, s3: S3Options | None = None, include_tmp: bool = F
         return sorted(f"s3://{loc.bucket}/{k}" for k in keys if include_tmp or not _TMP_RE.search(k))
     # Local: walk the directory the prefix lives in, spell each file as <that dir's spelling>/<rel>.
     is_dir = loc.path.is_dir()
+    if prefix.endswith("/") and not is_dir:  # a directory prefix that does not exist holds nothing
+        return []
     root = loc.path if is_dir else loc.path.parent
     spelled_root = prefix.rstrip("/") if is_dir else os.path.dirname(prefix)
     if not root.is_dir():
@@ -540,6 +543,8 @@ def download_dir(
     else:
         base = uri.rstrip("/") + "/"
         files = {u[len(base) :]: {} for u in list_uris(base, s3=s3)}
+        if not files:
+            raise StorageError(f"nothing to download: {uri} holds no files")
     written = []
     for rel, info in files.items():
         target = (dest / rel).resolve()
@@ -592,3 +597,39 @@ def read_jsonl(uri: str, *, s3: S3Options | None = None) -> list[dict[str, Any]]
 
 
 list = list_uris  # noqa: A001 - the short name the rest of lemon uses: storage.list(prefix)
+
+
+# ---------------------------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lemon_core.storage download|upload SRC DEST``: what init containers run to sync
+    model folders between S3 and a volume (the Helm chart's vLLM model-sync step)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lemon_core.storage", description=main.__doc__)
+    sub = ap.add_subparsers(dest="op", required=True)
+    down = sub.add_parser("download", help="download a directory URI into a local folder")
+    down.add_argument("uri")
+    down.add_argument("local_dir")
+    down.add_argument("--require-manifest", action="store_true",
+                      help="refuse a prefix without lemon's upload manifest (default: take what is there)")
+    up = sub.add_parser("upload", help="upload a local folder to a directory URI (manifest written last)")
+    up.add_argument("local_dir")
+    up.add_argument("uri")
+    args = ap.parse_args(argv)
+    try:
+        if args.op == "download":
+            files = download_dir(args.uri, args.local_dir, require_manifest=args.require_manifest)
+            print(f"downloaded {len(files)} files from {args.uri} to {args.local_dir}")
+        else:
+            manifest = upload_dir(args.local_dir, args.uri)
+            print(f"uploaded {len(manifest.get('files', {}))} files from {args.local_dir} to {args.uri}")
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

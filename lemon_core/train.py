@@ -76,7 +76,9 @@ class DataConfig(BaseModel):
     benchmarks: list[str] = Field(default_factory=lambda: ["multiarith"], description="benchmark names")
     split: str | None = Field(None, description="split to train on (default: each benchmark's default)")
     limit: int | None = Field(64, ge=1, description="tasks per benchmark")
-    data_dir: str | None = Field(None, description="raw datasets folder (default $LEMON_DATA_DIR or ../shared/datasets)")
+    data_dir: str | None = Field(
+        None, description="raw datasets folder (default $LEMON_DATA_DIR or ../shared/datasets)"
+    )
     tasks_jsonl: str | None = Field(None, description="instead of benchmarks: JSONL of Example rows")
     eval_tasks: int = Field(4, ge=0, description="tasks held out for periodic evaluation")
 
@@ -107,7 +109,9 @@ class TrainConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LEMON_", env_nested_delimiter="__", extra="forbid")
 
-    model: str = Field("smollm2-135m-instruct", description="orchestrator: local path, `lemon models` alias or HF id")
+    model: str = Field(
+        "smollm2-135m-instruct", description="orchestrator: local path, `lemon models` alias or HF id"
+    )
     pool: str = Field("cpu", description="pool YAML path or built-in name (cpu, gpu, simulated)")
     out: str = Field("runs/train", description="output folder (checkpoints, metrics, plots, rollouts)")
     seed: int = 0
@@ -115,12 +119,16 @@ class TrainConfig(BaseSettings):
     dtype: str = Field("auto", description="auto (bf16 on a bf16 GPU, else fp32), float32, bfloat16")
     include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
     include_format: bool = Field(True, description="show the YAML format + example in the prompt")
-    agent_max_tokens: int | None = Field(None, ge=1, description="cap every pool level's max_tokens (CPU runs)")
+    agent_max_tokens: int | None = Field(
+        None, ge=1, description="cap every pool level's max_tokens (CPU runs)"
+    )
     iterations: int = Field(3, ge=0, description="GRPO steps")
     tasks_per_iteration: int = Field(2, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
-    eval_every: int = Field(0, ge=0, description="evaluate on the held-out tasks every N steps (0: only at the end)")
+    eval_every: int = Field(
+        0, ge=0, description="evaluate on the held-out tasks every N steps (0: only at the end)"
+    )
     save_rollouts: bool = True
     progress: bool = True
     data: DataConfig = Field(default_factory=DataConfig)
@@ -133,8 +141,11 @@ class TrainConfig(BaseSettings):
 
     @classmethod
     def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return env_settings, init_settings  # environment overrides the YAML file
@@ -167,9 +178,11 @@ def load_tasks(cfg: DataConfig, seed: int) -> tuple[list[Any], list[Any]]:
         tasks = [ex for name in cfg.benchmarks for ex in get(name).load(cfg.split, cfg.limit, cfg.data_dir)]
     random.Random(seed).shuffle(tasks)
     if len(tasks) <= cfg.eval_tasks:
-        raise ValueError(f"data: {len(tasks)} tasks but eval_tasks={cfg.eval_tasks}; raise data.limit "
-                         "or lower data.eval_tasks")
-    return tasks[cfg.eval_tasks:], tasks[:cfg.eval_tasks]
+        raise ValueError(
+            f"data: {len(tasks)} tasks but eval_tasks={cfg.eval_tasks}; raise data.limit "
+            "or lower data.eval_tasks"
+        )
+    return tasks[cfg.eval_tasks :], tasks[: cfg.eval_tasks]
 
 
 def tasks_for_step(tasks: Sequence[Any], step: int, n: int, seed: int) -> list[Any]:
@@ -205,7 +218,9 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
         return
     for p in model.parameters():
         if p.grad is not None:
-            torch.distributed.all_reduce(p.grad)  # sum: each rank's loss is already divided by the global count
+            torch.distributed.all_reduce(
+                p.grad
+            )  # sum: each rank's loss is already divided by the global count
 
 
 # --- the update -----------------------------------------------------------------------------------
@@ -218,7 +233,11 @@ def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list
     for rec, adv in zip(records, group_adv.tolist(), strict=True):
         n = len(rec.completion_ids)
         edits = [(span_token_mask(rec.offsets, e.span), e.delta) for e in rec.edits if e.span[1] > e.span[0]]
-        cf = counterfactual_token_advantages(n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta) if edits else None
+        cf = (
+            counterfactual_token_advantages(n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta)
+            if edits
+            else None
+        )
         out.append(token_advantages(adv, n, cf))
     return out
 
@@ -227,13 +246,17 @@ def _pad(rows: Sequence[Sequence[float] | torch.Tensor], width: int) -> torch.Te
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, r in enumerate(rows):
         t = torch.as_tensor(r, dtype=torch.float32)
-        out[i, :len(t)] = t
+        out[i, : len(t)] = t
     return out
 
 
 def grpo_update(
-    policy: OrchestratorPolicy, ref_model: Any, records: Sequence[RolloutRecord], optimizer: torch.optim.Optimizer,
-    scheduler: Any, cfg: TrainConfig,
+    policy: OrchestratorPolicy,
+    ref_model: Any,
+    records: Sequence[RolloutRecord],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    cfg: TrainConfig,
 ) -> dict[str, float]:
     """One GRPO optimizer step (per PPO epoch) on ``records``; returns loss/kl/clip metrics."""
     advantages = record_advantages(records, cfg.grpo)
@@ -246,7 +269,7 @@ def grpo_update(
     for _ in range(cfg.optim.epochs_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for lo in range(0, len(records), mb):
-            batch = records[lo:lo + mb]
+            batch = records[lo : lo + mb]
             prompts = [r.prompt_ids for r in batch]
             completions = [r.completion_ids for r in batch]
             temperature = batch[0].temperature
@@ -257,7 +280,7 @@ def grpo_update(
                     ref = _ref_logprobs(policy, ref_model, prompts, completions, temperature)
             width = lp.shape[1]
             old = _pad([r.old_logprobs for r in batch], width).to(lp.device)
-            adv = _pad(advantages[lo:lo + mb], width).to(lp.device)
+            adv = _pad(advantages[lo : lo + mb], width).to(lp.device)
             loss, m = grpo_loss(lp, old.to(lp.dtype), ref, adv, mask, cfg.grpo, total_tokens=total_tokens)
             loss.backward()
             tokens = float(mask.sum())
@@ -265,7 +288,9 @@ def grpo_update(
                 sums[k] += v * (tokens if k != "loss" else 1.0)
             sums["_tokens"] += tokens
         _all_reduce_grads(model)
-        sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm))
+        sums["grad_norm"] += float(
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        )
         optimizer.step()
         scheduler.step()
     model.eval()
@@ -276,8 +301,9 @@ def grpo_update(
     return metrics
 
 
-def _ref_logprobs(policy: OrchestratorPolicy, ref_model: Any, prompts: Any, completions: Any,
-                  temperature: float) -> torch.Tensor:
+def _ref_logprobs(
+    policy: OrchestratorPolicy, ref_model: Any, prompts: Any, completions: Any, temperature: float
+) -> torch.Tensor:
     if ref_model is not None:
         return policy.logprob_tensor(prompts, completions, temperature, model=ref_model)[0]
     with policy.model.disable_adapter():  # LoRA: the reference is the base weights
@@ -289,7 +315,8 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     valid = [r for r in records if r.valid]
     totals = [r.reward.total for r in records]
     m: dict[str, Any] = {
-        "reward/mean": statistics.fmean(totals), "reward/std": statistics.pstdev(totals),
+        "reward/mean": statistics.fmean(totals),
+        "reward/std": statistics.pstdev(totals),
         "valid_rate": len(valid) / len(records),
     }
     for term in ("success", "efficiency", "structure", "cost", "invalid"):
@@ -314,14 +341,24 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     return m
 
 
-def evaluate_policy(policy: OrchestratorPolicy, tasks: Sequence[Any], pool: CapacityPool, cfg: TrainConfig,
-                    scorer: Scorer, seed: int) -> dict[str, float]:
+def evaluate_policy(
+    policy: OrchestratorPolicy,
+    tasks: Sequence[Any],
+    pool: CapacityPool,
+    cfg: TrainConfig,
+    scorer: Scorer,
+    seed: int,
+) -> dict[str, float]:
     """Greedy spec per held-out task, executed and scored: eval/valid_rate, eval/score, eval/reward, eval/cost."""
     if not tasks:
         return {}
     prompts = [policy.prompt_ids(t.question, pool) for t in tasks]
-    samples = [g[0] for g in policy.sample(prompts, 1, max_new_tokens=cfg.rollout.max_new_tokens,
-                                             temperature=0.0, seed=seed)]
+    samples = [
+        g[0]
+        for g in policy.sample(
+            prompts, 1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0, seed=seed
+        )
+    ]
     rewards, scores, costs, valid = [], [], [], []
     for task, s in zip(tasks, samples, strict=True):
         parsed, _ = parse_completion(s.text, pool)
@@ -336,12 +373,18 @@ def evaluate_policy(policy: OrchestratorPolicy, tasks: Sequence[Any], pool: Capa
         rewards.append(compute_reward(score, trace, cfg.reward).total)
         scores.append(score)
         costs.append(trace.cost)
-    return {"eval/valid_rate": len(valid) / len(tasks), "eval/score": statistics.fmean(scores),
-            "eval/reward": statistics.fmean(rewards), "eval/cost": statistics.fmean(costs) if costs else 0.0}
+    return {
+        "eval/valid_rate": len(valid) / len(tasks),
+        "eval/score": statistics.fmean(scores),
+        "eval/reward": statistics.fmean(rewards),
+        "eval/cost": statistics.fmean(costs) if costs else 0.0,
+    }
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
-def _save_model_dir(policy: OrchestratorPolicy, final: Path, extra: Callable[[Path], None] | None = None) -> None:
+def _save_model_dir(
+    policy: OrchestratorPolicy, final: Path, extra: Callable[[Path], None] | None = None
+) -> None:
     """save_pretrained into ``final.tmp``, then rename: ``final`` is either complete or absent."""
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -363,19 +406,38 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(out: Path, step: int, policy: OrchestratorPolicy, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, sampler: EditFamilySampler, keep: int) -> Path:
+def save_checkpoint(
+    out: Path,
+    step: int,
+    policy: OrchestratorPolicy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    sampler: EditFamilySampler,
+    keep: int,
+) -> Path:
     ckpt_dir = out / "checkpoints"
     final = ckpt_dir / f"ckpt-{step:06d}"
 
     def extra(tmp: Path) -> None:
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng_torch": torch.get_rng_state(), "rng_python": random.getstate()},
-                   tmp / "training_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({
-            "step": step, "data_position": step,
-            "sampler": {f.value: v for f, v in sampler.mean_abs_delta.items()},
-        }, indent=2))
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng_torch": torch.get_rng_state(),
+                "rng_python": random.getstate(),
+            },
+            tmp / "training_state.pt",
+        )
+        (tmp / "trainer_state.json").write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "data_position": step,
+                    "sampler": {f.value: v for f, v in sampler.mean_abs_delta.items()},
+                },
+                indent=2,
+            )
+        )
 
     _save_model_dir(policy, final, extra)
     _write_atomic(ckpt_dir / LATEST, final.name)
@@ -414,8 +476,10 @@ def _dtype(cfg: TrainConfig) -> str:
 def _load_pool(cfg: TrainConfig) -> CapacityPool:
     pool = load_pool(cfg.pool)
     if cfg.agent_max_tokens is not None:
-        pool.levels = [lv.model_copy(update={"max_tokens": min(lv.max_tokens, cfg.agent_max_tokens)})
-                       for lv in pool.levels]
+        pool.levels = [
+            lv.model_copy(update={"max_tokens": min(lv.max_tokens, cfg.agent_max_tokens)})
+            for lv in pool.levels
+        ]
     return pool
 
 
@@ -423,13 +487,22 @@ def _apply_lora(policy: OrchestratorPolicy, cfg: LoraSettings, adapter: Path | N
     try:
         from peft import LoraConfig, PeftModel, get_peft_model
     except ImportError as e:
-        raise RuntimeError("lora.enabled needs peft: pip install peft==0.21.2 (or set lora.enabled: false)") from e
+        raise RuntimeError(
+            "lora.enabled needs peft: pip install peft==0.21.2 (or set lora.enabled: false)"
+        ) from e
     if adapter is not None:
         policy.model = PeftModel.from_pretrained(policy.model, adapter, is_trainable=True)
     else:
-        policy.model = get_peft_model(policy.model, LoraConfig(
-            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=cfg.target_modules,
-            task_type="CAUSAL_LM"))
+        policy.model = get_peft_model(
+            policy.model,
+            LoraConfig(
+                r=cfg.r,
+                lora_alpha=cfg.alpha,
+                lora_dropout=cfg.dropout,
+                target_modules=cfg.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
 
 
 class _Log:
@@ -453,8 +526,13 @@ class _Log:
                 fh.write(json.dumps(row) + "\n")
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, examples: tuple[list[Any], list[Any]] | None = None,
-          scorer: Scorer = benchmark_scorer) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    examples: tuple[list[Any], list[Any]] | None = None,
+    scorer: Scorer = benchmark_scorer,
+) -> TrainResult:
     """SFT warm-up then ``cfg.iterations`` GRPO steps; see the module docstring. ``examples`` =
     (train, eval) tasks overrides ``cfg.data``; ``scorer`` overrides benchmark scoring (tests)."""
     from tqdm.auto import tqdm
@@ -483,20 +561,38 @@ def train(cfg: TrainConfig, *, resume: bool = False, examples: tuple[list[Any], 
     start_model = cfg.model
     if cfg.sft.enabled and not (resume and sft_dir.exists()):
         policy = OrchestratorPolicy.load(cfg.model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
-        questions = [t.question for t in eval_tasks[:cfg.sft.eval_tasks] or train_tasks[:cfg.sft.eval_tasks]]
-        rate = lambda: valid_spec_rate(policy, questions, pool, samples=cfg.sft.eval_samples,  # noqa: E731
-                                       max_new_tokens=cfg.rollout.max_new_tokens,
-                                       temperature=cfg.rollout.temperature, seed=cfg.seed)
+        questions = [
+            t.question for t in eval_tasks[: cfg.sft.eval_tasks] or train_tasks[: cfg.sft.eval_tasks]
+        ]
+        rate = lambda: valid_spec_rate(
+            policy,
+            questions,
+            pool,
+            samples=cfg.sft.eval_samples,  # noqa: E731
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.seed,
+        )
         result.valid_rate_before_sft = rate()
         pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed)
         sft_losses = sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed, progress=cfg.progress and is_main)
         result.valid_rate_after_sft = rate()
         if is_main:
             _save_model_dir(policy, sft_dir)
-            _write_atomic(out / "sft.json", json.dumps({
-                "valid_rate_before": result.valid_rate_before_sft, "valid_rate_after": result.valid_rate_after_sft,
-                "loss_first": sft_losses[0] if sft_losses else None, "loss_last": sft_losses[-1] if sft_losses else None,
-                "pairs": len(pairs), "steps": cfg.sft.steps}, indent=2))
+            _write_atomic(
+                out / "sft.json",
+                json.dumps(
+                    {
+                        "valid_rate_before": result.valid_rate_before_sft,
+                        "valid_rate_after": result.valid_rate_after_sft,
+                        "loss_first": sft_losses[0] if sft_losses else None,
+                        "loss_last": sft_losses[-1] if sft_losses else None,
+                        "pairs": len(pairs),
+                        "steps": cfg.sft.steps,
+                    },
+                    indent=2,
+                ),
+            )
         if world_size > 1:
             torch.distributed.barrier()
         del policy
@@ -504,15 +600,22 @@ def train(cfg: TrainConfig, *, resume: bool = False, examples: tuple[list[Any], 
         start_model = str(sft_dir)
         if (out / "sft.json").exists():
             info = json.loads((out / "sft.json").read_text())
-            result.valid_rate_before_sft, result.valid_rate_after_sft = info["valid_rate_before"], info["valid_rate_after"]
+            result.valid_rate_before_sft, result.valid_rate_after_sft = (
+                info["valid_rate_before"],
+                info["valid_rate_after"],
+            )
 
     # 2. Policy (from the checkpoint when resuming), reference, optimizer, scheduler.
     ref_model = None
     if cfg.lora.enabled:
-        policy = OrchestratorPolicy.load(start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        policy = OrchestratorPolicy.load(
+            start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
+        )
         _apply_lora(policy, cfg.lora, adapter=ckpt)
     else:
-        policy = OrchestratorPolicy.load(str(ckpt) if ckpt else start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        policy = OrchestratorPolicy.load(
+            str(ckpt) if ckpt else start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
+        )
         if cfg.grpo.kl_coef > 0:
             ref_model = OrchestratorPolicy.load(start_model, cfg.device, dtype).model.eval()
             ref_model.requires_grad_(False)
@@ -539,17 +642,35 @@ def train(cfg: TrainConfig, *, resume: bool = False, examples: tuple[list[Any], 
     while step < cfg.iterations:
         step += 1
         t0 = time.perf_counter()
-        tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)[rank::world_size]
-        records, stats = collect_rollouts(policy, tasks, pool, cfg.rollout, cfg.reward, sampler, step=step,
-                                          seed=cfg.seed * 1_000_003 + step * 7919 + rank, scorer=scorer)
+        tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)[
+            rank::world_size
+        ]
+        records, stats = collect_rollouts(
+            policy,
+            tasks,
+            pool,
+            cfg.rollout,
+            cfg.reward,
+            sampler,
+            step=step,
+            seed=cfg.seed * 1_000_003 + step * 7919 + rank,
+            scorer=scorer,
+        )
         t_rollout = time.perf_counter() - t0
         if cfg.save_rollouts:
             write_records(records, str(out / "rollouts" / f"step-{step:06d}-rank{rank}.jsonl"))
         update = grpo_update(policy, ref_model, records, optimizer, scheduler, cfg)
-        row: dict[str, Any] = {"step": step, "task_ids": [t.id for t in tasks], **rollout_metrics(records, pool.level_names),
-                               **update, "agent_calls": stats.agent_calls, "edit_agent_calls": stats.edit_agent_calls,
-                               "cache_hits": stats.cache_hits, "time/rollout_s": t_rollout,
-                               "time/step_s": time.perf_counter() - t0}
+        row: dict[str, Any] = {
+            "step": step,
+            "task_ids": [t.id for t in tasks],
+            **rollout_metrics(records, pool.level_names),
+            **update,
+            "agent_calls": stats.agent_calls,
+            "edit_agent_calls": stats.edit_agent_calls,
+            "cache_hits": stats.cache_hits,
+            "time/rollout_s": t_rollout,
+            "time/step_s": time.perf_counter() - t0,
+        }
         iteration_times.append(row["time/step_s"])
         if is_main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.iterations):
             row.update(evaluate_policy(policy, eval_tasks, pool, cfg, scorer, seed=cfg.seed))

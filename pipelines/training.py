@@ -6,8 +6,10 @@ sub-pipeline cannot call itself. So the N GRPO iterations are *unrolled when the
 built*: ``build(cfg)`` reads ``cfg.n_iterations`` and emits N (rollout ParallelFor, train) pairs,
 each train consuming the previous checkpoint. Changing N means recompiling
 (``lemon pipeline compile --config ...``); everything else (data, model, pool, hyper-parameters,
-placement) stays a run-time parameter inside ``config_json``. The (method, benchmark) evaluation
-matrix is likewise fixed at build time from ``cfg.evaluate``.
+placement) stays a run-time parameter inside ``config_json``. The rollout ParallelFor runs over the
+static indices ``range(rollout_shards)`` and each pod resolves its shard from the manifest: kfp.local
+cannot iterate over a list produced by an upstream task; a static list works in both places.
+The (method, benchmark) evaluation matrix is likewise fixed at build time from ``cfg.evaluate``.
 """
 
 from typing import Any
@@ -55,13 +57,15 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
         checkpoint = sft.output
         for i in range(1, cfg.n_iterations + 1):
             with dsl.ParallelFor(
-                prep.outputs["train_shards"], parallelism=cfg.rollout_parallelism, name=f"rollout-shards-{i}"
+                list(range(cfg.rollout_shards)),
+                parallelism=cfg.rollout_parallelism,
+                name=f"rollout-shards-{i}",
             ) as shard:
                 ro = on_gpu(
                     rollout_op(
                         config_json=config_json,
                         manifest_uri=manifest,
-                        shard_uri=shard,
+                        shard_index=shard,
                         iteration=i,
                         checkpoint_uri=checkpoint,
                     ).set_display_name(f"rollout-{i}"),

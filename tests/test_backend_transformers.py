@@ -115,3 +115,14 @@ def test_bad_arguments_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         TransformersBackend("smollm2-135m-instruct")
     with pytest.raises(BackendError, match="cannot load model"):
         TransformersBackend(str(tmp_path))  # exists but holds no model
+
+
+def test_vllm_backend_without_vllm_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process vLLM backend is exercised for real by .ci/vllm_cpu_check.sh; here only its guard."""
+    import sys
+
+    from lemon_core.backends.vllm_backend import VLLMBackend
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
+    with pytest.raises(BackendError, match=r"vllm is not installed; pip install 'lemon\[gpu\]'"):
+        VLLMBackend("smollm2-135m-instruct")

@@ -28,7 +28,7 @@ def test_component_interfaces() -> None:
     expected = {
         prepare_dataset.make: ({"config_json"}, {"manifest_uri", "train_shards"}),
         rollout.make: (
-            {"config_json", "manifest_uri", "shard_uri", "iteration", "checkpoint_uri"},
+            {"config_json", "manifest_uri", "shard_index", "iteration", "checkpoint_uri"},
             {"Output"},
         ),
         train.make: (

@@ -15,13 +15,28 @@ from lemon_core.pool import load_pool
 from lemon_core.spec import AgentSpec, OrchestrationSpec, parse_spec
 
 POOL = load_pool("simulated")
-SPEC = OrchestrationSpec(agents=[
-    AgentSpec(id="plan", role="Planner", base_role="planner", duty="List the steps.", capacity="small"),
-    AgentSpec(id="solve", role="Solver", base_role="solver", duty="Compute it carefully.", capacity="large",
-              depends_on=["plan"]),
-    AgentSpec(id="check", role="Checker", base_role="verifier", duty="Recheck the sum.", capacity="medium",
-              depends_on=["plan", "solve"]),
-], output="check")
+SPEC = OrchestrationSpec(
+    agents=[
+        AgentSpec(id="plan", role="Planner", base_role="planner", duty="List the steps.", capacity="small"),
+        AgentSpec(
+            id="solve",
+            role="Solver",
+            base_role="solver",
+            duty="Compute it carefully.",
+            capacity="large",
+            depends_on=["plan"],
+        ),
+        AgentSpec(
+            id="check",
+            role="Checker",
+            base_role="verifier",
+            duty="Recheck the sum.",
+            capacity="medium",
+            depends_on=["plan", "solve"],
+        ),
+    ],
+    output="check",
+)
 
 
 def test_every_single_field_edit_is_listed_with_the_span_of_its_value() -> None:
@@ -34,7 +49,7 @@ def test_every_single_field_edit_is_listed_with_the_span_of_its_value() -> None:
     assert {e.agent_id for e in edits if e.family is EditFamily.capacity_downgrade} == {"solve", "check"}
     assert len(by) == len(edits) == 8
     for e in edits:
-        text = parsed.text[e.span[0]:e.span[1]]
+        text = parsed.text[e.span[0] : e.span[1]]
         edited = e.spec.agent(e.agent_id)
         original = SPEC.agent(e.agent_id)
         if e.family is EditFamily.capacity_downgrade:
@@ -66,8 +81,13 @@ def test_sampler_keeps_a_floor_and_follows_recent_abs_delta() -> None:
 
 
 def test_cached_reexecution_runs_only_the_edited_agent_and_its_descendants() -> None:
-    task = Example(id="t/1", benchmark="multiarith", question="Sam has 3 pens and buys 4. How many?",
-                   answer="7", answer_format="Answer with a number.")
+    task = Example(
+        id="t/1",
+        benchmark="multiarith",
+        question="Sam has 3 pens and buys 4. How many?",
+        answer="7",
+        answer_format="Answer with a number.",
+    )
     register_examples([task])
     cache = ExecutionCache()
     [original] = execute_specs([SPEC], [task], POOL, cache=cache, seed=3)
@@ -75,8 +95,11 @@ def test_cached_reexecution_runs_only_the_edited_agent_and_its_descendants() -> 
     parsed = parse_spec(spec_completion(SPEC), POOL)
     edits = {(e.family, e.agent_id): e for e in counterfactual_edits(parsed, POOL)}
     calls = {}
-    for key in [(EditFamily.capacity_downgrade, "solve"), (EditFamily.duty_rollback, "check"),
-                (EditFamily.duty_rollback, "plan")]:
+    for key in [
+        (EditFamily.capacity_downgrade, "solve"),
+        (EditFamily.duty_rollback, "check"),
+        (EditFamily.duty_rollback, "plan"),
+    ]:
         [trace] = execute_specs([edits[key].spec], [task], POOL, cache=cache, seed=3)
         calls[key] = trace.agent_calls
         ran = {a.agent_id for a in trace.agents if not a.cached}

@@ -36,7 +36,9 @@ def test_prompt_lists_task_levels_prices_roles_and_a_parseable_example() -> None
         assert f"- {name}: " in user
     example = user.split("```yaml\n", 1)[1]
     assert parse_spec("```yaml\n" + example, pool).spec.agents[0].capacity == "small"  # cheapest level
-    short = orchestrator_messages("What is 2 + 3?", pool, include_roles=False, include_format=False)[1]["content"]
+    short = orchestrator_messages("What is 2 + 3?", pool, include_roles=False, include_format=False)[1][
+        "content"
+    ]
     assert "base_role" not in short and "```yaml block" in short and len(short) < len(user) / 3
 
 
@@ -60,7 +62,9 @@ def test_sampling_is_seeded_and_old_logprobs_match_a_fresh_forward_pass(policy: 
     c = policy.sample(prompts, 3, max_new_tokens=12, temperature=1.0, seed=8)
     flat = lambda groups: [s.completion_ids for g in groups for s in g]  # noqa: E731
     assert flat(a) == flat(b) and flat(a) != flat(c)
-    assert [len(g) for g in a] == [3, 3] and all(s.prompt_ids == prompts[i] for i, g in enumerate(a) for s in g)
+    assert [len(g) for g in a] == [3, 3] and all(
+        s.prompt_ids == prompts[i] for i, g in enumerate(a) for s in g
+    )
     for group in a:
         for s in group:
             assert len(s.old_logprobs) == len(s.completion_ids) == len(s.offsets)
@@ -78,8 +82,12 @@ def test_temperature_changes_the_logprob_convention(policy: OrchestratorPolicy) 
     pool = load_pool("simulated")
     prompt = policy.prompt_ids("What is 2 + 3?", pool)
     s = policy.sample([prompt], 1, max_new_tokens=6, temperature=0.5, seed=1)[0][0]
-    assert s.old_logprobs == pytest.approx(policy.logprobs([prompt], [s.completion_ids], temperature=0.5)[0], abs=1e-4)
-    assert s.old_logprobs != pytest.approx(policy.logprobs([prompt], [s.completion_ids], temperature=1.0)[0], abs=1e-4)
+    assert s.old_logprobs == pytest.approx(
+        policy.logprobs([prompt], [s.completion_ids], temperature=0.5)[0], abs=1e-4
+    )
+    assert s.old_logprobs != pytest.approx(
+        policy.logprobs([prompt], [s.completion_ids], temperature=1.0)[0], abs=1e-4
+    )
 
 
 def test_greedy_sampling_is_deterministic_across_seeds(policy: OrchestratorPolicy) -> None:

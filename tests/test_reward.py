@@ -11,13 +11,21 @@ from lemon_core.reward import RewardConfig, compute_reward
 
 def _trace(tokens_per_agent: int, cost_per_agent: float) -> Trace:
     spec = self_consistency("small", n=2)  # 3 agents, 2 edges
-    agents = [AgentTrace(a.id, "small", "", "", "x", tokens_per_agent, 0, cost_per_agent) for a in spec.agents]
+    agents = [
+        AgentTrace(a.id, "small", "", "", "x", tokens_per_agent, 0, cost_per_agent) for a in spec.agents
+    ]
     return Trace(spec=spec, task="t", agents=agents, answer="x")
 
 
 def test_correct_answer_earns_success_efficiency_minus_structure_and_cost() -> None:
-    cfg = RewardConfig(success_weight=1.0, efficiency_weight=0.2, token_budget=1000, agent_cost=0.01,
-                       edge_cost=0.005, lambda_cost=2.0)
+    cfg = RewardConfig(
+        success_weight=1.0,
+        efficiency_weight=0.2,
+        token_budget=1000,
+        agent_cost=0.01,
+        edge_cost=0.005,
+        lambda_cost=2.0,
+    )
     terms = compute_reward(1.0, _trace(100, 0.01), cfg)  # 300 tokens, $0.03
     assert terms.success == 1.0
     assert terms.efficiency == pytest.approx(0.2 * (1 - 300 / 1000))

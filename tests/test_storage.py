@@ -401,3 +401,17 @@ def test_json_manifest_path_escape_is_refused(tmp_path: Path) -> None:
     manifest.write_text(json.dumps(data))
     with pytest.raises(StorageError, match="escapes"):
         storage.download_dir(str(tmp_path / "up"), tmp_path / "dl")
+
+
+def test_storage_command_line_round_trip_and_missing_prefix(tmp_path: Path) -> None:
+    """``python -m lemon_core.storage`` is what the chart's model-sync init container runs."""
+    from lemon_core.storage import main
+
+    src = tmp_path / "model"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "weights.bin").write_bytes(b"\x00\x01" * 100)
+    assert main(["upload", str(src), f"file://{tmp_path}/remote"]) == 0
+    assert main(["download", f"file://{tmp_path}/remote", str(tmp_path / "copy")]) == 0
+    assert (tmp_path / "copy" / "sub" / "weights.bin").read_bytes() == b"\x00\x01" * 100
+    assert main(["download", str(tmp_path / "absent"), str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()

@@ -35,6 +35,7 @@ class TransformersBackend:
         dtype: str = "float32",
         seed: int = 0,
         max_batch_size: int = 16,
+        num_threads: int | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -44,6 +45,10 @@ class TransformersBackend:
             raise BackendError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
             raise BackendError(f"max_batch_size={max_batch_size} must be >= 1")
+        if num_threads is not None:
+            # Process-wide. On a busy small machine, fewer intra-op threads than cores avoids OpenMP
+            # threads spinning against each other (measured 5x faster decoding with 1 thread of 2 here).
+            torch.set_num_threads(num_threads)
         try:
             self.model_path = resolve_model(model)
         except ModelError as e:

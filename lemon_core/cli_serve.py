@@ -1,0 +1,76 @@
+"""``lemon serve``: run the inference service (FastAPI app on uvicorn, one process).
+
+One process on purpose: in-process models are loaded once and shared by the micro-batcher, and
+requests from many users are batched together. Scale out with replicas (the Helm chart's HPA).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def serve_command(
+    host: Annotated[str | None, typer.Option(
+        help="Address to bind (0.0.0.0 in a container). Default: 127.0.0.1.")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="TCP port. Default: 8080.")] = None,
+    pool: Annotated[str | None, typer.Option(
+        help="Capacity pool: YAML path or built-in name (cpu, gpu, simulated). Default: cpu.")] = None,
+    orchestrator: Annotated[str | None, typer.Option(
+        help="Orchestrator model. In process: a local path, a checkpoint or `lemon train` output folder, "
+             "or a `lemon models` alias. With --orchestrator-base-url: the served model name. "
+             "[default: smollm2-135m-instruct]")] = None,
+    orchestrator_base_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible endpoint serving the orchestrator, e.g. http://vllm:8000/v1 "
+             "(env LEMON_ORCHESTRATOR_BASE_URL). Unset: run it in process with transformers.")] = None,
+    auth_token_file: Annotated[Path | None, typer.Option(
+        help="File with the accepted bearer tokens, one per line (a mounted Secret; re-read when it "
+             "changes).")] = None,
+    allow_unauthenticated: Annotated[bool | None, typer.Option(
+        "--allow-unauthenticated", help="Serve without auth. Local development only.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="YAML file with any ServeSettings fields (lemon_core/serve/settings.py). Precedence: flags > "
+             "LEMON_* environment > this file > defaults.")] = None,
+    max_concurrent_requests: Annotated[int | None, typer.Option(
+        min=1, help="Requests in progress before new ones get 429 + Retry-After. Default: 32.")] = None,
+    max_agents: Annotated[int | None, typer.Option(min=1, help="Most agents per spec. Default: 8.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Most completion tokens a team may generate per request. Default: 8192.")] = None,
+    batch_max_size: Annotated[int | None, typer.Option(
+        min=1, help="Most requests orchestrated and executed as one batch. Default: 16.")] = None,
+    batch_wait_ms: Annotated[float | None, typer.Option(
+        min=0, help="How long a batch waits for more requests, in ms. Default: 10.")] = None,
+    log_level: Annotated[str | None, typer.Option(
+        help="debug, info, warning, error (env LEMON_LOG_LEVEL). Default: info.")] = None,
+) -> None:
+    """Serve an orchestrator: POST /v1/orchestrate and /v1/chat/completions (model 'lemon'), GET /healthz,
+    /readyz, /metrics. Every setting also reads LEMON_<NAME> from the environment."""
+    import uvicorn
+
+    from lemon_core.pool import PoolError
+    from lemon_core.serve.app import create_app
+    from lemon_core.serve.auth import AuthError
+    from lemon_core.serve.settings import load_settings
+
+    try:
+        settings = load_settings(
+            config, host=host, port=port, pool=pool, orchestrator=orchestrator,
+            orchestrator_base_url=orchestrator_base_url,
+            auth_token_file=str(auth_token_file) if auth_token_file else None,
+            allow_unauthenticated=allow_unauthenticated, max_concurrent_requests=max_concurrent_requests,
+            max_agents=max_agents, max_tokens=max_tokens, batch_max_size=batch_max_size,
+            batch_wait_ms=batch_wait_ms, log_level=log_level.lower() if log_level else None,
+        )
+        logging.basicConfig(level=settings.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if settings.allow_unauthenticated:
+            logging.getLogger("lemon.serve").warning("serving WITHOUT auth (--allow-unauthenticated)")
+        app = create_app(settings)
+    except (ValueError, PoolError, AuthError) as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(code=2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=25, server_header=False)

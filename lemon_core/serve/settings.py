@@ -1,0 +1,90 @@
+"""Service configuration: one pydantic-settings model, from YAML + ``LEMON_*`` environment + CLI flags.
+
+Precedence (highest first): ``lemon serve`` flags, ``LEMON_*`` environment, the YAML file, defaults.
+Unknown ``LEMON_*`` variables are ignored on purpose: the same pod environment carries variables
+meant for other lemon parts (``LEMON_CACHE_DIR`` is read by lemon_core.models, not here). Unknown
+keys in the YAML file are rejected, since there a typo is almost certainly a mistake.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServeSettings(BaseSettings):
+    """Everything ``lemon serve`` needs. Environment: ``LEMON_<FIELD>`` (e.g. ``LEMON_MAX_AGENTS=4``)."""
+
+    model_config = SettingsConfigDict(env_prefix="LEMON_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    pool: str = Field("cpu", description="pool YAML path or built-in name (cpu, gpu, simulated)")
+    # orchestrator
+    orchestrator: str = Field(
+        "smollm2-135m-instruct",
+        description="in-process: local path, checkpoint or train-output folder, `lemon models` alias; "
+                    "over HTTP (orchestrator_base_url set): the served model name")
+    orchestrator_base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint of the orchestrator (e.g. http://vllm:8000/v1)")
+    orchestrator_api_key_env: str | None = Field(None, description="env var holding its API key, if any")
+    orchestrator_timeout_s: float = Field(120.0, gt=0)
+    orchestrator_device: str = "cpu"
+    orchestrator_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    orchestrator_max_tokens: int = Field(512, ge=1, le=32768, description="length cap of a written spec")
+    orchestrator_temperature: float = Field(0.0, ge=0, le=2, description="first sample (0 = greedy)")
+    resample_temperature: float = Field(0.7, ge=0, le=2, description="the re-sample after an invalid spec")
+    include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
+    include_format: bool = Field(True, description="show the YAML format + example in the prompt")
+    seed: int = 0
+    # security and limits
+    auth_token_file: str | None = Field(None, description="file with one bearer token per line")
+    allow_unauthenticated: bool = Field(False, description="serve without auth (local development only)")
+    max_body_bytes: int = Field(65536, ge=1024, description="larger request bodies get 413")
+    max_task_chars: int = Field(8000, ge=1, description="longer tasks get 422")
+    max_agents: int = Field(8, ge=1, le=64, description="most agents a spec may use (clients may ask fewer)")
+    max_tokens: int = Field(
+        8192, ge=1, description="most completion tokens a team may generate: the sum of its agents' "
+                                "level max_tokens, checked on the spec before it runs")
+    max_concurrent_requests: int = Field(32, ge=1, description="requests in progress; more get 429")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 and 503")
+    batch_max_size: int = Field(16, ge=1, description="most requests orchestrated + executed together")
+    batch_wait_ms: float = Field(10.0, ge=0, description="how long a batch waits for more requests")
+    readiness_timeout_s: float = Field(2.0, gt=0, description="per-backend GET /models timeout of /readyz")
+    served_model_name: str = Field("lemon", description="model name of /v1/chat/completions")
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> ServeSettings:
+    """Settings from an optional YAML file, the environment, and ``overrides`` (None values skipped)."""
+    data: dict[str, Any] = {}
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise ValueError(f"serve config {str(path)!r} not found; pass an existing YAML file")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: a serve config is a YAML mapping of fields, "
+                             f"got {type(loaded).__name__}")
+        unknown = sorted(set(loaded) - set(ServeSettings.model_fields))
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {unknown}; see `lemon serve --help` for the fields")
+        data.update(loaded)
+    try:
+        from_env = ServeSettings()
+    except ValidationError as e:
+        raise ValueError(f"LEMON_* environment: {_problems(e)}") from None
+    data.update({k: getattr(from_env, k) for k in from_env.model_fields_set})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServeSettings(**data)
+    except ValidationError as e:
+        raise ValueError(_problems(e)) from None
+
+
+def _problems(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())

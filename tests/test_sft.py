@@ -1,0 +1,91 @@
+"""SFT warm-up: templated specs are valid, teacher files are checked, the loss covers completion tokens only."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lemon_core.baselines import cot
+from lemon_core.policy import OrchestratorPolicy, spec_completion
+from lemon_core.pool import load_pool
+from lemon_core.roles import BASE_ROLES
+from lemon_core.sft import TOPOLOGIES, SFTConfig, load_teacher, sft_loss, sft_pairs, sft_train, templated_spec
+from lemon_core.spec import parse_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build_tiny_chat_model  # noqa: E402
+
+POOL = load_pool("simulated")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> OrchestratorPolicy:
+    torch.set_num_threads(1)
+    path = build_tiny_chat_model(tmp_path_factory.mktemp("tiny"), seed=1)
+    return OrchestratorPolicy.load(str(path), include_roles=False, include_format=False)
+
+
+def test_templated_specs_are_valid_and_cover_the_edit_space() -> None:
+    rng, cfg = random.Random(0), SFTConfig()
+    specs = [templated_spec(POOL, rng, cfg) for _ in range(200)]
+    for s in specs:
+        assert parse_spec(spec_completion(s), POOL).spec == s
+    agents = [a for s in specs for a in s.agents]
+    assert {a.capacity for a in agents} == set(POOL.level_names)
+    assert any(a.duty == BASE_ROLES[a.base_role] for a in agents)  # default duties ...
+    assert any(a.duty != BASE_ROLES[a.base_role] for a in agents)  # ... and customised ones
+    assert any(a.depends_on for a in agents) and len({len(s.agents) for s in specs}) >= 3
+    with pytest.raises(ValueError, match="unknown topology 'star'"):
+        templated_spec(POOL, rng, SFTConfig(topologies=["star"]))
+    assert set(TOPOLOGIES) >= {"cot", "sc", "chain"}
+
+
+def test_teacher_jsonl_is_checked_line_by_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        json.dumps({"question": "q1", "spec": spec_completion(cot("medium"))})
+        + "\n\n"
+        + json.dumps({"question": "q2", "spec": cot("small").model_dump()})
+        + "\n"
+    )
+    pairs = load_teacher(good, POOL)
+    assert [q for q, _ in pairs] == ["q1", "q2"] and "capacity: small" in pairs[1][1]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"question": "q", "spec": spec_completion(cot("medium"))})
+        + "\n"
+        + json.dumps({"question": "q", "spec": spec_completion(cot("huge"))})
+        + "\n"
+    )
+    with pytest.raises(ValueError, match=r"bad.jsonl line 2: teacher spec is invalid: .*huge"):
+        load_teacher(bad, POOL)
+    bad.write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match="line 1: expected JSON"):
+        load_teacher(bad, POOL)
+    pairs = sft_pairs(["a", "b"], POOL, SFTConfig(pairs_per_task=2, teacher_jsonl=str(good)), seed=0)
+    assert len(pairs) == 6
+
+
+def test_sft_loss_is_the_mean_nll_of_completion_tokens_only(policy: OrchestratorPolicy) -> None:
+    batch = [
+        ("What is 1 + 1?", spec_completion(cot("small"))),
+        ("Add 3 and 4.", spec_completion(cot("large"))),
+    ]
+    loss = sft_loss(policy, batch, POOL).item()
+    lps = [policy.logprobs([policy.prompt_ids(q, POOL)], [policy.completion_ids(c)])[0] for q, c in batch]
+    assert loss == pytest.approx(-statistics.fmean(x for row in lps for x in row), rel=1e-4)
+    assert policy.completion_ids("abc")[-1] == policy.eos_ids[0]
+
+
+def test_sft_lowers_the_loss(policy: OrchestratorPolicy) -> None:
+    pairs = sft_pairs(
+        [f"What is {i} + 1?" for i in range(4)], POOL, SFTConfig(topologies=["cot"], vary_text=False), seed=0
+    )
+    losses = sft_train(policy, pairs, POOL, SFTConfig(steps=8, batch_size=4, lr=3e-3))
+    assert len(losses) == 8 and losses[-1] < 0.7 * losses[0]
