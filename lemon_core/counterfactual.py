@@ -19,14 +19,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.spec import OrchestrationSpec, ParsedSpec
 
 
-class EditFamily(str, Enum):
+class EditFamily(StrEnum):
     drop_dependency = "drop_dependency"
     duty_rollback = "duty_rollback"
     capacity_downgrade = "capacity_downgrade"

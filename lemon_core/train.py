@@ -349,7 +349,10 @@ def evaluate_policy(
     scorer: Scorer,
     seed: int,
 ) -> dict[str, float]:
-    """Greedy spec per held-out task, executed and scored: eval/valid_rate, eval/score, eval/reward, eval/cost."""
+    """Greedy spec per held-out task, executed and scored.
+
+    Returns eval/valid_rate, eval/score, eval/reward and eval/cost.
+    """
     if not tasks:
         return {}
     prompts = [policy.prompt_ids(t.question, pool) for t in tasks]
@@ -564,15 +567,18 @@ def train(
         questions = [
             t.question for t in eval_tasks[: cfg.sft.eval_tasks] or train_tasks[: cfg.sft.eval_tasks]
         ]
-        rate = lambda: valid_spec_rate(
-            policy,
-            questions,
-            pool,
-            samples=cfg.sft.eval_samples,  # noqa: E731
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            seed=cfg.seed,
-        )
+
+        def rate() -> float:
+            return valid_spec_rate(
+                policy,
+                questions,
+                pool,
+                samples=cfg.sft.eval_samples,
+                max_new_tokens=cfg.rollout.max_new_tokens,
+                temperature=cfg.rollout.temperature,
+                seed=cfg.seed,
+            )
+
         result.valid_rate_before_sft = rate()
         pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed)
         sft_losses = sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed, progress=cfg.progress and is_main)

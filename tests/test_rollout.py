@@ -1,4 +1,4 @@
-"""Rollouts on the simulated pool with a scripted policy: parsing, penalties, counterfactual deltas, shards."""
+"""Rollouts on the simulated pool with a scripted policy: parsing, penalties, counterfactual deltas."""
 
 from __future__ import annotations
 

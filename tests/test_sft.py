@@ -1,4 +1,4 @@
-"""SFT warm-up: templated specs are valid, teacher files are checked, the loss covers completion tokens only."""
+"""SFT warm-up: templated specs are valid, teacher files are checked, loss on completion tokens only."""
 
 from __future__ import annotations
 
