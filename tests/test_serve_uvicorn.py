@@ -1,0 +1,201 @@
+"""The service on a real uvicorn on 127.0.0.1, called with the official ``openai`` SDK.
+
+Two set-ups: (1) the app in a server thread over TEST DOUBLES (scripted orchestrator, echo agents);
+(2) ``lemon serve`` as a subprocess started exactly the way the Helm chart starts it (flags, a pool
+file, LEMON_* env with LEMON_ORCHESTRATOR_BASE_URL), whose orchestrator and capacity levels are a
+loopback FAKE OpenAI server (a test double speaking the real wire protocol).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from lemon_core.pool import CapacityLevel, CapacityPool
+from lemon_core.serve import ServeSettings, create_app
+from lemon_core.serve.doubles import EchoAgent, ScriptedOrchestrator, two_agent_spec
+
+TOKEN = "uvicorn-test-token-0123456789"
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Run ``app`` on uvicorn in a thread on a free loopback port; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def doubles_app(tmp_path: Path, gate: threading.Event | None = None, **overrides: Any) -> Any:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKEN + "\n")
+    pool = CapacityPool(levels=[
+        CapacityLevel(name="small", backend="simulated", model="double-small", price_in_per_1m=1,
+                      price_out_per_1m=2),
+        CapacityLevel(name="large", backend="simulated", model="double-large", price_in_per_1m=5,
+                      price_out_per_1m=9),
+    ])
+    pool.set_backend("small", EchoAgent("small", gate=gate))
+    pool.set_backend("large", EchoAgent("large"))
+    settings = ServeSettings(auth_token_file=str(tokens), **overrides)
+    return create_app(settings, pool=pool, orchestrator_backend=ScriptedOrchestrator([two_agent_spec()]))
+
+
+def test_openai_sdk_against_uvicorn(tmp_path: Path) -> None:
+    with serve_in_thread(doubles_app(tmp_path, max_task_chars=20)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=30)
+        reply = client.chat.completions.create(model="lemon", messages=[
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "What is 40 + 2?"}])
+        assert reply.object == "chat.completion" and reply.model == "lemon"
+        assert reply.choices[0].message.content == "[large] The answer is 42."
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.usage is not None and reply.usage.total_tokens == 60
+        assert [m.id for m in client.models.list()] == ["lemon"]
+
+        stream = client.chat.completions.create(
+            model="lemon", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "What is 40 + 2?"}])
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "[large] The answer is 42."
+        assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 60
+
+        bad = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="bearer token"):
+            bad.chat.completions.create(model="lemon", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.UnprocessableEntityError, match="at most 20 allowed"):
+            client.chat.completions.create(model="lemon", messages=[{"role": "user", "content": "x" * 21}])
+
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        # only the two admitted requests were timed (auth, model and length errors are refused earlier)
+        assert "lemon_request_latency_seconds_count 2.0" in httpx.get(f"{url}/metrics").text
+
+
+def test_openai_sdk_sees_429_with_retry_after(tmp_path: Path) -> None:
+    gate = threading.Event()
+    app = doubles_app(tmp_path, gate=gate, max_concurrent_requests=1, retry_after_s=2, batch_wait_ms=0)
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=30)
+        first: list[str | None] = []
+        worker = threading.Thread(target=lambda: first.append(client.chat.completions.create(
+            model="lemon", messages=[{"role": "user", "content": "slow one"}]).choices[0].message.content))
+        worker.start()
+        service = app.state.service
+        deadline = time.time() + 10
+        while service.limiter.active < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(model="lemon", messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.response.headers["retry-after"] == "2"
+        gate.set()
+        worker.join(timeout=10)
+        assert first == ["[large] The answer is 42."]
+
+
+# --- `lemon serve` started like the Helm chart starts it ----------------------------------------------
+def fake_openai_server(spec_text: str) -> FastAPI:
+    """TEST DOUBLE of a vLLM OpenAI server: the orchestrator model writes ``spec_text``, others answer 42."""
+    fake = FastAPI()
+    fake.state.models = []
+
+    @fake.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "lemon-orchestrator", "object": "model"}]}
+
+    @fake.post("/v1/chat/completions")
+    def chat(body: dict[str, Any]) -> dict[str, Any]:
+        fake.state.models.append(body["model"])
+        text = spec_text if body["model"] == "lemon-orchestrator" else f"({body['model']}) The answer is 42."
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}
+
+    return fake
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_lemon_serve_started_like_the_chart(tmp_path: Path) -> None:
+    fake = fake_openai_server(two_agent_spec())
+    with serve_in_thread(fake) as fake_url:
+        pool = tmp_path / "pool.yaml"
+        pool.write_text(
+            "levels:\n"
+            f"  - {{name: small, backend: openai, model: qwen-7b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+            "      price_in_per_1m: 0.2, price_out_per_1m: 0.2, max_tokens: 64}\n"
+            f"  - {{name: large, backend: openai, model: qwen-32b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+            "      price_in_per_1m: 0.9, price_out_per_1m: 0.9, max_tokens: 64}\n")
+        tokens = tmp_path / "auth" / "tokens"
+        tokens.parent.mkdir()
+        tokens.write_text(TOKEN + "\n")
+        port = free_port()
+        env = {**os.environ, "LEMON_LOG_LEVEL": "info", "LEMON_CACHE_DIR": str(tmp_path / "cache"),
+               "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
+               "LEMON_ORCHESTRATOR_BASE_URL": f"{fake_url}/v1",
+               "LEMON_SOME_FUTURE_SETTING": "ignored"}
+        cmd = [sys.executable, "-c", "from lemon_core.cli import app; app()", "serve", "--host=127.0.0.1",
+               f"--port={port}", f"--pool={pool}", "--orchestrator=lemon-orchestrator",
+               f"--auth-token-file={tokens}"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                assert proc.poll() is None, proc.communicate()[0]
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.2)
+            ready = httpx.get(f"{url}/readyz", timeout=5)
+            assert ready.status_code == 200, ready.text
+            assert set(ready.json()["checks"]) == {"level:small", "level:large", "orchestrator"}
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=30)
+            reply = client.chat.completions.create(
+                model="lemon", messages=[{"role": "user", "content": "40+2?"}])
+            assert reply.choices[0].message.content == "(qwen-32b) The answer is 42."
+            assert reply.usage is not None and reply.usage.total_tokens == 24
+            assert fake.state.models == ["lemon-orchestrator", "qwen-7b", "qwen-32b"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        # graceful stop on SIGTERM (the kubelet's signal); uvicorn re-raises it after shutting down
+        assert proc.returncode in (0, -signal.SIGTERM), out
+        assert "Application shutdown complete" in out
+        assert "lemon serve ready" in out and "Traceback" not in out
