@@ -1,8 +1,9 @@
 """Ablation: GRPO only vs GRPO + localized counterfactual credit, same budget, simulated pool.
 
-A tiny local policy is SFT-warmed on two-agent chain specs (solver -> verifier) whose two capacity
-fields are uniform over small/medium/large, so the choice left to learn is two capacity fields per
-spec. On MultiArith the known optimum is `small` everywhere. Both arms use the same seed, SFT model,
+A tiny local policy is SFT-warmed on one-agent specs whose capacity is uniform over
+small/medium/large (a tiny random model cannot learn longer specs in a CPU-minute), so the choice
+left to learn is the capacity field. On MultiArith the known optimum is `small` everywhere.
+Both arms use the same seed, SFT model,
 number of GRPO steps, tasks and samples; the counterfactual arm additionally re-executes K
 capacity/dependency/duty edits per spec (cheap: node cache) and puts Delta on the edited span.
 Prints the final reward of both arms (mean rollout reward of the last steps and held-out eval
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
-from lemon_core.baselines import chain  # noqa: E402
+from lemon_core.baselines import cot  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
 from lemon_core.policy import spec_completion  # noqa: E402
 from lemon_core.train import TrainConfig, train  # noqa: E402
@@ -48,7 +49,7 @@ def run_arm(
         checkpoint_every=1000,
         progress=False,
         save_rollouts=False,
-        rollout=dict(group_size=6, edits_per_spec=2 if cf else 0, max_new_tokens=260),
+        rollout=dict(group_size=6, edits_per_spec=2 if cf else 0, max_new_tokens=128),
         sft=dict(
             steps=150, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher), eval_tasks=0
         ),
@@ -90,15 +91,8 @@ def main() -> None:
         work = Path(tmp)
         model = build_tiny_chat_model(work / "tiny", seed=0)
         teacher = work / "teacher.jsonl"
-        rows = []
-        for t in tasks[:6]:
-            for a in LEVELS:
-                for b in LEVELS:
-                    spec = chain(a, length=2)
-                    spec = spec.model_copy(
-                        update={"agents": [spec.agents[0], spec.agents[1].model_copy(update={"capacity": b})]}
-                    )
-                    rows.append(json.dumps({"question": t.question, "spec": spec_completion(spec)}))
+        rows = [json.dumps({"question": t.question, "spec": spec_completion(cot(lv))})
+                for t in tasks[:6] for lv in LEVELS]
         teacher.write_text("\n".join(rows) + "\n")
         arms: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
         for seed in range(args.seeds):

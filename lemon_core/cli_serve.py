@@ -50,6 +50,7 @@ def serve_command(
     /readyz, /metrics. Every setting also reads LEMON_<NAME> from the environment."""
     import uvicorn
 
+    from lemon_core.backends.base import BackendError
     from lemon_core.pool import PoolError
     from lemon_core.serve.app import create_app
     from lemon_core.serve.auth import AuthError
@@ -69,7 +70,8 @@ def serve_command(
         if settings.allow_unauthenticated:
             logging.getLogger("lemon.serve").warning("serving WITHOUT auth (--allow-unauthenticated)")
         app = create_app(settings)
-    except (ValueError, PoolError, AuthError) as e:
+        app.state.service.load_backends()  # load models now: a bad model path is a one-line error
+    except (ValueError, PoolError, AuthError, BackendError) as e:
         typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
         raise typer.Exit(code=2) from None
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,

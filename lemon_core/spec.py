@@ -406,7 +406,10 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _compose(block: str, limits: SpecLimits, first_line: int) -> yaml.Node | None:
-    loader = _BoundedLoader(block, limits, first_line)
+    try:  # the reader checks characters already in the constructor, so it sits inside the try
+        loader = _BoundedLoader(block, limits, first_line)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec is not valid YAML: {exc}; remove control characters from the spec") from None
     try:
         return loader.get_single_node()
     except yaml.MarkedYAMLError as exc:

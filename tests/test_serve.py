@@ -461,6 +461,9 @@ def test_serve_command_help_and_bad_input(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "not found" in missing.output
     no_auth = runner.invoke(app, ["serve", "--pool", "simulated"])
     assert no_auth.exit_code == 2 and "--auth-token-file" in no_auth.output
+    bad_model = runner.invoke(app, ["serve", "--pool", "simulated", "--allow-unauthenticated",
+                                    "--orchestrator", str(tmp_path / "no-such-checkpoint")])
+    assert bad_model.exit_code == 2 and "cannot load model" in bad_model.output
 
 
 # --- a real (tiny, random-weight) transformers model as the orchestrator ---------------------------

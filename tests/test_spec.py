@@ -408,3 +408,10 @@ def test_indentless_list_between_prose_lines() -> None:
     block = text[slice(*parsed.block)]
     assert block.startswith("agents:") and block.endswith("output: a1\n")  # "Done!" left out
     assert_spans_exact(parsed)
+
+
+def test_control_characters_are_a_spec_error_not_a_reader_crash() -> None:
+    """A small model's raw output can hold control characters; PyYAML's reader rejects them in its
+    constructor, which must still surface as a SpecError."""
+    with pytest.raises(SpecError, match="not valid YAML"):
+        parse_spec("agents:\n  - id: a1\x07\n    role: r\noutput: a1\n")

@@ -143,7 +143,9 @@ class Service:
         return run_jobs(self.orchestrator, jobs)
 
     def load_backends(self) -> None:
-        """Build every backend (loads in-process weights; HTTP backends connect lazily)."""
+        """Build every backend (loads in-process weights; HTTP backends connect lazily). Idempotent."""
+        if self.orchestrator is not None:
+            return
         for name in self.pool.level_names:
             self.pool.backend(name)
         backend = self._given_backend or make_orchestrator_backend(self.settings, self.pool)
@@ -156,7 +158,8 @@ class Service:
         return found
 
     def close(self) -> None:
-        if self.orchestrator is not None and self.orchestrator.backend not in self.backends().values():
+        shared = [self.pool.backend(n) for n in self.pool.level_names]
+        if self.orchestrator is not None and all(self.orchestrator.backend is not b for b in shared):
             self.orchestrator.backend.close()
         self.pool.close()
 
@@ -173,7 +176,11 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(service.load_backends)
+        try:
+            await asyncio.to_thread(service.load_backends)
+        except Exception as e:
+            log.error("lemon serve cannot start: %s", e)
+            raise
         service.batcher.start()
         log.info("lemon serve ready: pool levels %s, orchestrator %s", service.pool.level_names,
                  settings.orchestrator_base_url or settings.orchestrator)
@@ -368,16 +375,19 @@ async def _check_backends(service: Service) -> dict[str, dict[str, Any]]:
     if service.orchestrator is None:
         return {"startup": {"ok": False, "detail": "backends are still loading"}}
     checks: dict[str, dict[str, Any]] = {}
-    seen: dict[str, dict[str, Any]] = {}
+    urls: dict[str, tuple[str, dict[str, str]]] = {}  # name -> (base_url, headers)
+    for name, backend in service.backends().items():
+        base_url = getattr(backend, "base_url", None)
+        if isinstance(base_url, str):
+            urls[name] = (base_url, getattr(backend, "headers", {}))
+        else:
+            checks[name] = {"ok": True, "detail": f"{type(backend).__name__} loaded in process"}
+    unique = {url: headers for url, headers in urls.values()}
     async with httpx.AsyncClient(timeout=service.settings.readiness_timeout_s) as client:
-        for name, backend in service.backends().items():
-            base_url = getattr(backend, "base_url", None)
-            if not isinstance(base_url, str):
-                checks[name] = {"ok": True, "detail": f"{type(backend).__name__} loaded in process"}
-                continue
-            if base_url not in seen:
-                seen[base_url] = await _probe(client, base_url, getattr(backend, "headers", {}))
-            checks[name] = seen[base_url]
+        # all servers at once, so /readyz answers within one timeout (the probe's own is 3 s)
+        results = await asyncio.gather(*(_probe(client, url, h) for url, h in unique.items()))
+    by_url = dict(zip(unique, results, strict=True))
+    checks.update({name: by_url[url] for name, (url, _) in urls.items()})
     return checks
 
 

@@ -1,0 +1,144 @@
+"""Loopback load test of the inference service: N concurrent clients for T seconds.
+
+The service runs in a separate process on 127.0.0.1 (real uvicorn, real FastAPI app, auth, limits,
+micro-batcher and executor) over TEST DOUBLES, not models: a scripted orchestrator that always writes
+the same valid 2-agent spec (solver at `small` -> verifier at `large`), and echo capacity levels that
+sleep --agent-latency-ms per *batched* call, like one batched forward pass on a GPU. So the figures
+measure the service's own overhead and its batching, not model quality or model speed.
+
+Each client loops POST /v1/orchestrate until T seconds are over. Printed: requests, errors by status,
+p50/p99 latency, throughput, and the throughput an unbatched server could reach at most
+(1 / (2 levels x agent latency)). With clients <= --max-concurrent, errors must be 0 (the exit status
+is 1 otherwise); --clients above the limit shows the 429 path.
+
+    python bench/serve_load.py --clients 16 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import socket
+import statistics
+import sys
+import time
+from collections import Counter
+
+import httpx
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+def run_server(port: int, args: argparse.Namespace, token_file: str) -> None:
+    """Child process: the service over test doubles (see the module docstring)."""
+    import uvicorn
+
+    from lemon_core.pool import CapacityLevel, CapacityPool
+    from lemon_core.serve import ServeSettings, create_app
+    from lemon_core.serve.doubles import EchoAgent, ScriptedOrchestrator, two_agent_spec
+
+    pool = CapacityPool(description="TEST DOUBLE levels (echo agents)", levels=[
+        CapacityLevel(name=n, backend="simulated", model=f"echo-{n}", price_in_per_1m=p, price_out_per_1m=p)
+        for n, p in (("small", 0.2), ("large", 0.9))])
+    for name in pool.level_names:
+        pool.set_backend(name, EchoAgent(name, delay_s=args.agent_latency_ms / 1000))
+    settings = ServeSettings(auth_token_file=token_file, max_concurrent_requests=args.max_concurrent,
+                             batch_max_size=args.batch_max_size, batch_wait_ms=args.batch_wait_ms,
+                             log_level="warning")
+    app = create_app(settings, pool=pool, orchestrator_backend=ScriptedOrchestrator([two_agent_spec()]))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+async def client(url: str, deadline: float, latencies: list[float], statuses: Counter[int], cid: int,
+                 ) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+        k = 0
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            try:
+                task = f"client {cid} task {k}: what is 40 + 2?"
+                resp = await http.post("/v1/orchestrate", json={"task": task})
+                statuses[resp.status_code] += 1
+                if resp.status_code == 200:
+                    latencies.append(time.perf_counter() - t0)
+                elif resp.status_code == 429:  # honour Retry-After, as a polite client would
+                    await asyncio.sleep(min(float(resp.headers.get("retry-after", "1")), 1.0))
+            except httpx.HTTPError:
+                statuses[-1] += 1
+            k += 1
+
+
+async def load(url: str, clients: int, seconds: float) -> tuple[list[float], Counter[int], float]:
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    start = time.perf_counter()
+    await asyncio.gather(*(client(url, start + seconds, latencies, statuses, i) for i in range(clients)))
+    return latencies, statuses, time.perf_counter() - start
+
+
+def wait_ready(url: str, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"service at {url} did not become ready in {timeout_s} s")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    ap.add_argument("--seconds", type=float, default=10.0, help="test length (at most 120)")
+    ap.add_argument("--max-concurrent", type=int, default=32,
+                    help="the service's concurrency limit (429 above)")
+    ap.add_argument("--agent-latency-ms", type=float, default=20.0,
+                    help="echo agents' sleep per batched call")
+    ap.add_argument("--batch-max-size", type=int, default=16)
+    ap.add_argument("--batch-wait-ms", type=float, default=5.0)
+    args = ap.parse_args()
+    if not 1 <= args.clients <= 512 or not 0 < args.seconds <= 120:
+        ap.error("--clients must be in 1..512 and --seconds in (0, 120]")
+
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".tokens", delete=False) as fh:
+        fh.write(TOKEN + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = multiprocessing.get_context("spawn").Process(
+        target=run_server, args=(port, args, fh.name), daemon=True)
+    server.start()
+    try:
+        wait_ready(url)
+        latencies, statuses, elapsed = asyncio.run(load(url, args.clients, args.seconds))
+    finally:
+        server.terminate()
+        server.join(timeout=10)
+
+    ok = statuses.get(200, 0)
+    errors = sum(n for code, n in statuses.items() if code != 200)
+    q = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [float("nan")] * 99
+    print("backends: TEST DOUBLES (scripted orchestrator + echo agents), not models; loopback uvicorn")
+    print(f"clients={args.clients} seconds={elapsed:.1f} limit={args.max_concurrent} "
+          f"agent_latency_ms={args.agent_latency_ms:g} batch_max_size={args.batch_max_size} "
+          f"batch_wait_ms={args.batch_wait_ms:g}")
+    by_status = dict(sorted(statuses.items()))
+    print(f"requests={sum(statuses.values())} ok={ok} errors={errors} by_status={by_status}")
+    print(f"latency_p50_ms={q[49] * 1000:.1f} latency_p99_ms={q[98] * 1000:.1f}")
+    unbatched = 1000 / (2 * args.agent_latency_ms) if args.agent_latency_ms else float("inf")
+    print(f"throughput_rps={ok / elapsed:.1f} (an unbatched server: at most {unbatched:.1f})")
+    if args.clients <= args.max_concurrent and errors:
+        print(f"FAIL: {errors} errors below the concurrency limit", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
