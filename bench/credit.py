@@ -35,7 +35,14 @@ LEVELS = ("small", "medium", "large")
 
 
 def run_arm(
-    model: Path, work: Path, tasks: list[Example], teacher: Path, steps: int, seed: int, cf: bool
+    model: Path,
+    work: Path,
+    tasks: list[Example],
+    teacher: Path,
+    steps: int,
+    seed: int,
+    cf: bool,
+    cf_coef: float = 1.0,
 ) -> dict:
     cfg = TrainConfig(
         model=str(model),
@@ -54,7 +61,7 @@ def run_arm(
             steps=150, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher), eval_tasks=0
         ),
         reward=dict(lambda_cost=1.0),
-        grpo=dict(kl_coef=0.0, cf_coef=1.0 if cf else 0.0),
+        grpo=dict(kl_coef=0.0, cf_coef=cf_coef if cf else 0.0),
         optim=dict(lr=3e-4, micro_batch_size=12),
     )
     result = train(
@@ -75,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--cf-coef", type=float, default=1.0, help="beta of the counterfactual term")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tasks = [
@@ -91,13 +99,18 @@ def main() -> None:
         work = Path(tmp)
         model = build_tiny_chat_model(work / "tiny", seed=0)
         teacher = work / "teacher.jsonl"
-        rows = [json.dumps({"question": t.question, "spec": spec_completion(cot(lv))})
-                for t in tasks[:6] for lv in LEVELS]
+        rows = [
+            json.dumps({"question": t.question, "spec": spec_completion(cot(lv))})
+            for t in tasks[:6]
+            for lv in LEVELS
+        ]
         teacher.write_text("\n".join(rows) + "\n")
         arms: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
         for seed in range(args.seeds):
             arms["grpo"].append(run_arm(model, work, tasks, teacher, args.steps, seed, cf=False))
-            arms["grpo+cf"].append(run_arm(model, work, tasks, teacher, args.steps, seed, cf=True))
+            arms["grpo+cf"].append(
+                run_arm(model, work, tasks, teacher, args.steps, seed, cf=True, cf_coef=args.cf_coef)
+            )
     summary = {}
     for name, runs in arms.items():
         summary[name] = {k: statistics.fmean(r[k] for r in runs if r[k] is not None) for k in runs[0]}
