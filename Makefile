@@ -24,7 +24,7 @@ setup-dev: $(BIN)/python
 
 run: setup
 	$(BIN)/lemon models pull
-	$(BIN)/lemon eval --benchmark multiarith --method cot --pool cpu --limit 20 --out results
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/lemon pipeline run --local --config configs/local-cpu.yaml
 
 test: setup-dev
 	$(BIN)/ruff check .

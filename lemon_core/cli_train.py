@@ -6,6 +6,7 @@ Registered on the main CLI as ``lemon train``; also runnable alone: ``python -m 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -54,8 +55,9 @@ def train_command(
     """Train an orchestrator: SFT warm-up, then N GRPO iterations (rollout -> counterfactuals -> update).
 
     Writes checkpoints atomically (kill it any time; --resume continues exactly), per-step metrics
-    to OUT/metrics.jsonl and the reward curve to OUT/reward_curve.png. Multi-GPU: launch the same
-    command under `torchrun --nproc-per-node N -m lemon_core.cli_train ...` (see docs/training.md).
+    to OUT/metrics.jsonl and the reward curve to OUT/reward_curve.png. Multi-GPU/multi-node: launch
+    `torchrun --nproc-per-node N -m lemon_core.cli_train --config ...` (each rank rolls out its share of
+    the step's tasks, gradients are all-reduced, rank 0 writes; see docs/training.md).
     """
     from lemon_core.train import TrainConfig, train
 
@@ -75,8 +77,20 @@ def train_command(
     except (FileNotFoundError, ValueError, ValidationError) as e:
         typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
         raise typer.Exit(code=2) from None
-    result = train(cfg, resume=resume)
-    typer.echo(json.dumps(result.model_dump(exclude={"metrics"}), indent=2))
+    try:
+        result = train(cfg, resume=resume)
+    finally:
+        _leave_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 reports
+        typer.echo(json.dumps(result.model_dump(exclude={"metrics"}), indent=2))
+
+
+def _leave_process_group() -> None:
+    """Tear down torch.distributed (if torchrun started it) so ranks exit cleanly, not at interpreter exit."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main() -> None:

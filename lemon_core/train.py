@@ -19,9 +19,16 @@ RNG states, the edit-family sampler and the step. It is written to ``ckpt-N.tmp`
 ``ckpt-N``, and only then is the ``latest`` pointer replaced (``os.replace``), so a kill at any moment
 leaves the last good checkpoint intact.
 
-Multi-GPU/multi-node: under ``torchrun`` each rank takes its own slice of the step's tasks, rolls
-them out, and gradients (and the token count used for aggregation) are all-reduced before the
-optimizer step; rank 0 writes checkpoints and metrics. See docs/training.md.
+Multi-GPU/multi-node: under ``torchrun`` every rank holds a full replica (data parallel, like DDP
+without the wrapper) and takes its own slice of the step's tasks, so every GRPO group lives on one
+rank. The loss normaliser (token count) is summed over ranks before backward and gradients are summed
+after it, so the step equals the single-process step on the whole batch (tested with 2 gloo ranks in
+tests/test_train_distributed.py). Records are then gathered so the metrics and the edit-family
+sampler cover all ranks; rank 0 writes checkpoints (with every rank's RNG state) and metrics. See
+docs/training.md for the launch.
+
+LoRA (``lora.enabled``, peft): only adapters train; the adapter-disabled base is the KL reference;
+checkpoints hold the adapter only and load for sampling as they are or via ``merge_lora_checkpoint``.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +66,7 @@ from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.rollout import (
     RolloutConfig,
     RolloutRecord,
+    RolloutStats,
     Scorer,
     benchmark_scorer,
     collect_rollouts,
@@ -67,6 +76,7 @@ from lemon_core.rollout import (
 from lemon_core.sft import SFTConfig, sft_pairs, sft_train, valid_spec_rate
 
 LATEST = "latest"
+DIST_TIMEOUT_MIN = 60  # collective/barrier timeout under torchrun
 
 
 # --- configuration --------------------------------------------------------------------------------
@@ -197,30 +207,91 @@ def tasks_for_step(tasks: Sequence[Any], step: int, n: int, seed: int) -> list[A
 
 
 # --- distributed (torchrun) -----------------------------------------------------------------------
-def world() -> tuple[int, int]:
-    """(rank, world size); initialises torch.distributed when launched by torchrun."""
+def world(device: str | None = None) -> tuple[int, int]:
+    """(rank, world size); initialises torch.distributed when launched by torchrun.
+
+    The backend follows the device the ranks train on (NCCL for CUDA, gloo for CPU), not merely
+    whether a GPU exists, so a CPU run on a GPU box still works. Each rank is pinned to GPU
+    ``LOCAL_RANK`` first, so a config saying just ``cuda`` puts every rank on its own GPU (``.to("cuda")``
+    means the current device) and NCCL object collectives know which device to use. The timeout is
+    generous because rank 0 alone writes checkpoints and runs the final evaluation while the others
+    wait at a barrier.
+    """
     size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return (torch.distributed.get_rank(), size) if size > 1 else (0, 1)
+    if size <= 1:
+        return 0, 1
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            "nccl" if use_cuda else "gloo", timeout=timedelta(minutes=DIST_TIMEOUT_MIN)
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _all_reduce_sum(value: float) -> float:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not _distributed():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_comm_device())
     torch.distributed.all_reduce(t)
     return float(t.item())
 
 
+def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Sum float metrics over ranks by key (a rank without records may lack some keys)."""
+    total: dict[str, float] = defaultdict(float)
+    for part in _all_gather(dict(values)):
+        for k, v in part.items():
+            total[k] += v
+    return dict(total)
+
+
+def _comm_device() -> torch.device:
+    backend = torch.distributed.get_backend()
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
 def _all_reduce_grads(model: torch.nn.Module) -> None:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    """Sum every trainable parameter's gradient over ranks (what DDP does, without wrapping the model).
+
+    Each rank's loss is already divided by the *global* token (or sequence) count, so the sum is the
+    gradient of the full batch. A trainable parameter that got no gradient on this rank contributes
+    zeros: skipping it would leave the ranks issuing different collectives and hang.
+    """
+    if not _distributed():
         return
     for p in model.parameters():
-        if p.grad is not None:
-            torch.distributed.all_reduce(
-                p.grad
-            )  # sum: each rank's loss is already divided by the global count
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a one-element list when not distributed)."""
+    if not _distributed():
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def shard_by_group(records: Sequence[RolloutRecord], rank: int, world_size: int) -> list[RolloutRecord]:
+    """This rank's records when one batch of rollout records is split over ranks.
+
+    Whole GRPO groups (step, task) go to one rank, round-robin in order of first appearance: the group
+    advantage is a mean/std over the group, so a group split over ranks would get a different
+    advantage on each rank. (A plain ``records[rank::world]`` splits every group.)
+    """
+    keys = list(dict.fromkeys((r.step, r.task_id) for r in records))
+    mine = {k for i, k in enumerate(keys) if i % world_size == rank}
+    return [r for r in records if (r.step, r.task_id) in mine]
 
 
 # --- the update -----------------------------------------------------------------------------------
@@ -258,9 +329,19 @@ def grpo_update(
     scheduler: Any,
     cfg: TrainConfig,
 ) -> dict[str, float]:
-    """One GRPO optimizer step (per PPO epoch) on ``records``; returns loss/kl/clip metrics."""
-    advantages = record_advantages(records, cfg.grpo)
+    """One GRPO optimizer step (per PPO epoch) on ``records``; returns loss/kl/clip metrics.
+
+    Under torchrun ``records`` is this rank's share (whole groups, see ``shard_by_group``). The
+    normaliser of the loss - completion tokens for token aggregation, completions for sequence
+    aggregation - is summed over ranks first and gradients are summed after backward, so the step
+    equals the single-process step on the union of all ranks' records, however the batch is split
+    over ranks and micro-batches. Metrics are likewise over all ranks' tokens. A rank with no records
+    (fewer groups than ranks) still takes part in every collective and contributes zero gradient.
+    """
+    advantages = record_advantages(records, cfg.grpo) if records else []
     total_tokens = _all_reduce_sum(float(sum(len(r.completion_ids) for r in records)))
+    total_seqs = _all_reduce_sum(float(sum(1 for r in records if r.completion_ids)))
+    by_sequence = cfg.grpo.loss_aggregation == "sequence"
     model = policy.model
     model.train()
     sums: dict[str, float] = defaultdict(float)
@@ -282,6 +363,9 @@ def grpo_update(
             old = _pad([r.old_logprobs for r in batch], width).to(lp.device)
             adv = _pad(advantages[lo : lo + mb], width).to(lp.device)
             loss, m = grpo_loss(lp, old.to(lp.dtype), ref, adv, mask, cfg.grpo, total_tokens=total_tokens)
+            if by_sequence:  # grpo_loss averages over this micro-batch's completions; reweight to all
+                loss = loss * (sum(1 for c in completions if c) / total_seqs)
+                m["loss"] = loss.item()
             loss.backward()
             tokens = float(mask.sum())
             for k, v in m.items():
@@ -294,8 +378,11 @@ def grpo_update(
         optimizer.step()
         scheduler.step()
     model.eval()
-    n_tok, epochs = max(sums.pop("_tokens"), 1.0), cfg.optim.epochs_per_batch
-    metrics = {k: (v / epochs if k in ("loss", "grad_norm") else v / n_tok) for k, v in sums.items()}
+    grad_norm = sums.pop("grad_norm")  # identical on every rank after the all-reduce
+    sums = _sum_over_ranks(sums)
+    n_tok, epochs = max(sums.pop("_tokens", 0.0), 1.0), cfg.optim.epochs_per_batch
+    metrics = {k: (v / epochs if k == "loss" else v / n_tok) for k, v in sums.items()}
+    metrics["grad_norm"] = grad_norm / epochs
     metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
     metrics["lr"] = scheduler.get_last_lr()[0]
     return metrics
@@ -417,20 +504,26 @@ def save_checkpoint(
     scheduler: Any,
     sampler: EditFamilySampler,
     keep: int,
+    rng_by_rank: list[tuple[torch.Tensor, Any]] | None = None,
 ) -> Path:
+    """Write ``ckpt-N`` atomically (call on rank 0 only; nothing in here is a collective).
+
+    ``rng_by_rank`` holds every rank's (torch, python) RNG state under torchrun, so each rank resumes
+    with its own generators; without it the caller's RNG state is saved.
+    """
     ckpt_dir = out / "checkpoints"
     final = ckpt_dir / f"ckpt-{step:06d}"
 
     def extra(tmp: Path) -> None:
-        torch.save(
-            {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng_torch": torch.get_rng_state(),
-                "rng_python": random.getstate(),
-            },
-            tmp / "training_state.pt",
-        )
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng_torch": torch.get_rng_state(),
+            "rng_python": random.getstate(),
+        }
+        if rng_by_rank is not None:
+            state["rng_by_rank"] = rng_by_rank
+        torch.save(state, tmp / "training_state.pt")
         (tmp / "trainer_state.json").write_text(
             json.dumps(
                 {
@@ -486,19 +579,34 @@ def _load_pool(cfg: TrainConfig) -> CapacityPool:
     return pool
 
 
-def _apply_lora(policy: OrchestratorPolicy, cfg: LoraSettings, adapter: Path | None = None) -> None:
+def _import_peft() -> Any:
     try:
-        from peft import LoraConfig, PeftModel, get_peft_model
+        import peft
     except ImportError as e:
         raise RuntimeError(
             "lora.enabled needs peft: pip install peft==0.21.2 (or set lora.enabled: false)"
         ) from e
+    return peft
+
+
+def _apply_lora(
+    policy: OrchestratorPolicy, cfg: LoraSettings, base: str, adapter: Path | None = None
+) -> None:
+    """Wrap the policy in LoRA adapters: fresh ones, or the trainable adapters of checkpoint ``adapter``.
+
+    Only the adapters train; the frozen base doubles as the KL reference (``disable_adapter``), so no
+    second copy of the model is held. ``base`` (where the base weights were loaded from) is written
+    into the adapter config as an absolute path when it is a local folder, so a checkpoint loads for
+    sampling from any working directory: ``from_pretrained(ckpt)`` (transformers attaches the
+    adapter) or ``merge_lora_checkpoint`` for a plain model folder.
+    """
+    peft = _import_peft()
     if adapter is not None:
-        policy.model = PeftModel.from_pretrained(policy.model, adapter, is_trainable=True)
+        policy.model = peft.PeftModel.from_pretrained(policy.model, adapter, is_trainable=True)
     else:
-        policy.model = get_peft_model(
+        policy.model = peft.get_peft_model(
             policy.model,
-            LoraConfig(
+            peft.LoraConfig(
                 r=cfg.r,
                 lora_alpha=cfg.alpha,
                 lora_dropout=cfg.dropout,
@@ -506,6 +614,31 @@ def _apply_lora(policy: OrchestratorPolicy, cfg: LoraSettings, adapter: Path | N
                 task_type="CAUSAL_LM",
             ),
         )
+    local = Path(base).expanduser()
+    for adapter_cfg in policy.model.peft_config.values():
+        adapter_cfg.base_model_name_or_path = str(local.resolve()) if local.exists() else base
+
+
+def merge_lora_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
+    """Fold a LoRA checkpoint's adapters into its base weights and save a plain HF model folder.
+
+    The result loads anywhere a full checkpoint does (transformers backend, vLLM, ``lemon serve``)
+    without peft; written atomically like every other model folder.
+    """
+    from transformers import AutoTokenizer
+
+    peft = _import_peft()
+    src, final = Path(checkpoint), Path(dest)
+    if not (src / "adapter_config.json").exists():
+        raise ValueError(f"{src} has no adapter_config.json: not a LoRA checkpoint (nothing to merge)")
+    model = peft.AutoPeftModelForCausalLM.from_pretrained(src).merge_and_unload()
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    return final
 
 
 class _Log:
@@ -529,6 +662,31 @@ class _Log:
                 fh.write(json.dumps(row) + "\n")
 
 
+def _merge_ranks(
+    records: list[RolloutRecord],
+    stats: RolloutStats,
+    sampler: EditFamilySampler,
+    sampler_before: dict[EditFamily, float],
+) -> tuple[list[RolloutRecord], RolloutStats]:
+    """All ranks' records and summed stats of this step; every rank's sampler replays every |Delta|.
+
+    Each rank's sampler only saw its own counterfactual contrasts; replaying all of them in rank order
+    from the pre-rollout state leaves the same sampler on every rank (what rank 0 checkpoints is then
+    what every rank resumes with), and the step's metrics cover the whole batch, not rank 0's slice.
+    """
+    gathered = _all_gather((records, stats.model_dump()))
+    sampler.mean_abs_delta = dict(sampler_before)
+    merged: list[RolloutRecord] = [r for recs, _ in gathered for r in recs]
+    for r in merged:
+        for e in r.edits:
+            sampler.update(EditFamily(e.family), e.delta)
+    total = RolloutStats()
+    for _, st in gathered:
+        for k, v in st.items():
+            setattr(total, k, getattr(total, k) + v)
+    return merged, total
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -542,7 +700,7 @@ def train(
 
     from lemon_core.backends.simulated import register_examples
 
-    rank, world_size = world()
+    rank, world_size = world(cfg.device)
     is_main = rank == 0
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -617,7 +775,7 @@ def train(
         policy = OrchestratorPolicy.load(
             start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
         )
-        _apply_lora(policy, cfg.lora, adapter=ckpt)
+        _apply_lora(policy, cfg.lora, base=start_model, adapter=ckpt)
     else:
         policy = OrchestratorPolicy.load(
             str(ckpt) if ckpt else start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
@@ -635,8 +793,11 @@ def train(
         state = torch.load(ckpt / "training_state.pt", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng_torch"])
-        random.setstate(state["rng_python"])
+        rng_torch, rng_python = state["rng_torch"], state["rng_python"]
+        if len(state.get("rng_by_rank") or []) == world_size:  # same world size: each rank its own
+            rng_torch, rng_python = state["rng_by_rank"][rank]
+        torch.set_rng_state(rng_torch)
+        random.setstate(rng_python)
         info = json.loads((ckpt / "trainer_state.json").read_text())
         step = int(info["step"])
         sampler.mean_abs_delta = {EditFamily(k): float(v) for k, v in info["sampler"].items()}
@@ -648,9 +809,9 @@ def train(
     while step < cfg.iterations:
         step += 1
         t0 = time.perf_counter()
-        tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)[
-            rank::world_size
-        ]
+        step_tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)
+        tasks = step_tasks[rank::world_size]
+        sampler_before = dict(sampler.mean_abs_delta)
         records, stats = collect_rollouts(
             policy,
             tasks,
@@ -666,9 +827,11 @@ def train(
         if cfg.save_rollouts:
             write_records(records, str(out / "rollouts" / f"step-{step:06d}-rank{rank}.jsonl"))
         update = grpo_update(policy, ref_model, records, optimizer, scheduler, cfg)
+        if world_size > 1:
+            records, stats = _merge_ranks(records, stats, sampler, sampler_before)
         row: dict[str, Any] = {
             "step": step,
-            "task_ids": [t.id for t in tasks],
+            "task_ids": [t.id for t in step_tasks],
             **rollout_metrics(records, pool.level_names),
             **update,
             "agent_calls": stats.agent_calls,
@@ -683,8 +846,12 @@ def train(
         log.write(row)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward/mean']:.3f}", valid=f"{row['valid_rate']:.2f}")
-        if is_main and (step % cfg.checkpoint_every == 0 or step == cfg.iterations):
-            save_checkpoint(out, step, policy, optimizer, scheduler, sampler, cfg.keep_checkpoints)
+        if step % cfg.checkpoint_every == 0 or step == cfg.iterations:
+            rngs = _all_gather((torch.get_rng_state(), random.getstate())) if world_size > 1 else None
+            if is_main:
+                save_checkpoint(
+                    out, step, policy, optimizer, scheduler, sampler, cfg.keep_checkpoints, rngs
+                )
         if world_size > 1:
             torch.distributed.barrier()
     bar.close()
