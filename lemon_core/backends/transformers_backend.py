@@ -116,7 +116,8 @@ class TransformersBackend:
             res = self.model(
                 input_ids=step_ids, attention_mask=attention, position_ids=positions,
                 past_key_values=cache, use_cache=True,
-            )
+                logits_to_keep=1,  # only the last position's logits are needed: skips the vocab
+            )                      # projection for every prompt token during prefill
             cache = res.past_key_values
             logits = res.logits[:, -1, :].float()
             next_ids = [
