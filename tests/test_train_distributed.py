@@ -10,6 +10,8 @@ test then checks, against a single-process run in the test itself:
   unseen. The two ranks' shards have different token counts, so a wrong normaliser shows too;
 * both ranks end ``train()`` with bitwise identical weights, equal to the checkpoint on disk;
 * only rank 0 writes checkpoints and the SFT model; every rank writes its own rollout shard;
+* a rank without records (fewer groups than ranks) still joins the collectives and gets the same step;
+* ``--resume`` under torchrun continues exactly (per-rank RNG, sampler synced over ranks);
 * nothing hangs (the launch has a timeout).
 """
 
@@ -109,7 +111,16 @@ def _train_cfg(model_dir: Path, out: Path) -> Any:
     from lemon_core.train import TrainConfig
 
     cfg = TrainConfig.from_yaml("train-tiny", model=str(model_dir), out=str(out), progress=False)
-    return cfg.model_copy(update={"iterations": 2, "tasks_per_iteration": 1})
+    return cfg.model_copy(
+        update={
+            "iterations": 2,
+            "tasks_per_iteration": 1,
+            "include_format": False,
+            "rollout": cfg.rollout.model_copy(update={"max_new_tokens": 128}),
+            # enough SFT that most samples parse: rewards vary, counterfactual edits happen
+            "sft": cfg.sft.model_copy(update={"steps": 80, "lr": 3e-3, "batch_size": 6, "vary_text": False}),
+        }
+    )
 
 
 # --- the worker (one per rank, started by torchrun) -----------------------------------------------
@@ -125,8 +136,9 @@ def _worker(work: Path) -> None:
     records = read_records(str(work / "batch.jsonl"))
     mine = train_mod.shard_by_group(records, rank, world_size)
     delta, metrics = _one_update(model_dir, mine)
-    torch.save({"delta": delta, "metrics": metrics, "tokens": sum(len(r.completion_ids) for r in mine)},
-               work / f"update-rank{rank}.pt")  # fmt: skip
+    one_group, _ = _one_update(model_dir, train_mod.shard_by_group(records[:2], rank, world_size))
+    torch.save({"delta": delta, "metrics": metrics, "tokens": sum(len(r.completion_ids) for r in mine),
+                "one_group": one_group}, work / f"update-rank{rank}.pt")  # fmt: skip
 
     # (2) train() end to end, recording who writes model folders
     writes: list[str] = []
@@ -149,10 +161,27 @@ def _worker(work: Path) -> None:
         return update(policy, *a, **k)
 
     train_mod.grpo_update = keep_policy
+    rollouts = train_mod.collect_rollouts
+
+    def keep_sampler(*a: Any, **k: Any) -> Any:
+        captured["sampler"] = a[5]  # (policy, examples, pool, cfg, reward_cfg, sampler)
+        return rollouts(*a, **k)
+
+    train_mod.collect_rollouts = keep_sampler
     tasks = _tasks()
     result = train_mod.train(_train_cfg(model_dir, work / "run"), examples=(tasks[:6], tasks[6:]))
     state = {k: v.detach().clone() for k, v in captured["policy"].model.state_dict().items()}
-    torch.save({"state": state, "writes": writes, "metrics": result.metrics}, work / f"train-rank{rank}.pt")
+    sampler = {f.value: v for f, v in captured["sampler"].mean_abs_delta.items()}
+    torch.save({"state": state, "writes": writes, "metrics": result.metrics, "sampler": sampler},
+               work / f"train-rank{rank}.pt")  # fmt: skip
+
+    # (3) resume that run for a third step, and run 3 steps uninterrupted elsewhere, to compare
+    three = _train_cfg(model_dir, work / "run").model_copy(update={"iterations": 3})
+    train_mod.train(three, resume=True, examples=(tasks[:6], tasks[6:]))
+    resumed = {k: v.detach().clone() for k, v in captured["policy"].model.state_dict().items()}
+    train_mod.train(three.model_copy(update={"out": str(work / "straight")}), examples=(tasks[:6], tasks[6:]))
+    straight = {k: v.detach().clone() for k, v in captured["policy"].model.state_dict().items()}
+    torch.save({"resumed": resumed, "straight": straight}, work / f"resume-rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -197,6 +226,11 @@ def test_two_ranks_match_single_process_and_only_rank0_writes(tmp_path: Path) ->
     assert off > 0.05 * scale  # the check can fail: rank 0's shard alone gives a different step
     for key in ("loss", "kl", "grad_norm", "advantage/mean"):
         assert ranks[0]["metrics"][key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7), key
+    # one group, two ranks: rank 1 has no records but still joins every collective (no hang)
+    one_group, _ = _one_update(model_dir, records[:2])
+    for name, d in one_group.items():
+        assert torch.equal(ranks[0]["one_group"][name], ranks[1]["one_group"][name]), name
+        assert torch.allclose(ranks[1]["one_group"][name], d, rtol=1e-4, atol=1e-5 * scale), name
 
     # (2) train(): same weights on both ranks, only rank 0 writes
     runs = [torch.load(tmp_path / f"train-rank{r}.pt") for r in (0, 1)]
@@ -206,8 +240,8 @@ def test_two_ranks_match_single_process_and_only_rank0_writes(tmp_path: Path) ->
     assert runs[0]["writes"] == ["sft-model", "ckpt-1", "ckpt-000001", "ckpt-2", "ckpt-000002"]
     assert runs[1]["writes"] == []
     out = tmp_path / "run"
-    ckpt = latest_checkpoint(out)
-    assert ckpt is not None and ckpt.name == "ckpt-000002"
+    ckpt = out / "checkpoints" / "ckpt-000002"  # (step 3 is added by the resume below)
+    assert (ckpt / "trainer_state.json").exists()
     from safetensors.torch import load_file
 
     saved = load_file(ckpt / "model.safetensors")
@@ -218,11 +252,25 @@ def test_two_ranks_match_single_process_and_only_rank0_writes(tmp_path: Path) ->
     for step in (1, 2):
         for rank in (0, 1):
             assert (out / "rollouts" / f"step-{step:06d}-rank{rank}.jsonl").exists()
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(len(r["task_ids"]) == 2 for r in rows)  # the step's tasks over both ranks
+    assert all(len(r["task_ids"]) == 2 for r in runs[0]["metrics"])  # the step's tasks over both ranks
+    assert all(r["grad_norm"] > 0 and r["reward/std"] > 0 for r in runs[0]["metrics"])  # real updates
+    # the edit-family sampler learnt from both ranks' contrasts, identically, and that is what is saved
+    assert runs[0]["sampler"] == runs[1]["sampler"] != {f: 1.0 for f in runs[0]["sampler"]}
+    assert json.loads((ckpt / "trainer_state.json").read_text())["sampler"] == runs[0]["sampler"]
     for a, b in zip(runs[0]["metrics"], runs[1]["metrics"], strict=True):  # metrics cover both ranks
         assert (a["task_ids"], a["reward/mean"], a["loss"]) == (b["task_ids"], b["reward/mean"], b["loss"])
+
+    # (3) --resume under torchrun replays step 3 exactly as an uninterrupted 2-rank run
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"resume-rank{rank}.pt")
+        assert all(torch.equal(w, got["straight"][k]) for k, w in got["resumed"].items())
+        shard = f"rollouts/step-000003-rank{rank}.jsonl"
+        a, b = ((tmp_path / d / shard).read_text().splitlines() for d in ("run", "straight"))
+        key = ("completion_ids", "edits")
+        assert [[json.loads(x)[k] for k in key] for x in a] == [[json.loads(x)[k] for k in key] for x in b]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert latest_checkpoint(out) == out / "checkpoints" / "ckpt-000003"
 
 
 if __name__ == "__main__":
