@@ -50,7 +50,7 @@ def train(
         name=trainjob_name(f"lemon-{iteration}", run_id),
         namespace=k8s.namespace,
         image=k8s.gpu_image,
-        command=["lemon", "train-step"],
+        command=["torchrun", "--no-python", "lemon", "train-step"],  # torchrun reads the PET_* env
         args=args,
         num_nodes=k8s.train_nodes,
         gpus_per_node=k8s.gpus_per_pod,

@@ -167,9 +167,9 @@ def load_config(source: str | Path) -> PipelineConfig:
 
 
 def _pool(cfg: PipelineConfig) -> Any:
-    from lemon_core.train import _load_pool
+    from lemon_core.train import load_train_pool
 
-    return _load_pool(cfg.train_config())
+    return load_train_pool(cfg.train_config())
 
 
 def local_dir(uri: str) -> Path:
@@ -222,14 +222,14 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.sft import sft_pairs, sft_train, valid_spec_rate
-    from lemon_core.train import _dtype
+    from lemon_core.train import resolve_dtype
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
     train = [ex for _, ex in load_split(manifest, "train")]
     held = [ex for _, ex in load_split(manifest, "val")] or train
     pool = _pool(cfg)
-    policy = OrchestratorPolicy.load(tc.model, tc.device, _dtype(tc), tc.include_roles)
+    policy = OrchestratorPolicy.load(tc.model, tc.device, resolve_dtype(tc), tc.include_roles)
     questions = [t.question for t in held[: tc.sft.eval_tasks]]
 
     def rate() -> float:
@@ -292,7 +292,7 @@ def stage_rollout(
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import collect_rollouts, write_records
-    from lemon_core.train import _dtype, tasks_for_step
+    from lemon_core.train import resolve_dtype, tasks_for_step
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
@@ -304,7 +304,7 @@ def stage_rollout(
     tasks = tasks_for_step(tasks, iteration, cfg.tasks_per_shard, tc.seed)
     ckpt = local_dir(checkpoint_uri)
     pool = _pool(cfg)
-    policy = OrchestratorPolicy.load(str(ckpt), tc.device, _dtype(tc), tc.include_roles)
+    policy = OrchestratorPolicy.load(str(ckpt), tc.device, resolve_dtype(tc), tc.include_roles)
     sampler = EditFamilySampler(floor=tc.rollout.edit_floor, decay=tc.rollout.edit_decay)
     sampler.mean_abs_delta.update({EditFamily(k): float(v) for k, v in _sampler_state(ckpt).items()})
     shard_seed = int.from_bytes(shard_uri.encode()[-8:].rjust(8, b"\0"), "big") % 1_000_003
@@ -342,7 +342,7 @@ def stage_train(
 ) -> str:
     """One GRPO update on the iteration's rollout records; returns the new checkpoint URI.
 
-    Under torchrun (a TrainJob with numNodes > 1) every rank takes records[rank::world] and
+    Under torchrun (a TrainJob with numNodes > 1) every rank takes whole GRPO groups (shard_by_group) and
     ``grpo_update`` all-reduces gradients; rank 0 writes the checkpoint.
     """
     import torch
@@ -351,16 +351,16 @@ def stage_train(
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import read_records
-    from lemon_core.train import _dtype, grpo_update, rollout_metrics, save_checkpoint, world
+    from lemon_core.train import grpo_update, resolve_dtype, rollout_metrics, save_checkpoint, shard_by_group, world
 
     tc = cfg.train_config()
     rank, world_size = world()
     records = [r for uri in records_uris for r in read_records(uri)]
     if not records:
         raise StageError(f"iteration {iteration}: no rollout records in {list(records_uris)}")
-    mine = records[rank::world_size]
+    mine = shard_by_group(records, rank, world_size)
     ckpt = local_dir(checkpoint_uri)
-    dtype = _dtype(tc)
+    dtype = resolve_dtype(tc)
     policy = OrchestratorPolicy.load(str(ckpt), tc.device, dtype, tc.include_roles)
     ref = None
     if tc.grpo.kl_coef > 0:
@@ -450,12 +450,12 @@ def stage_evaluate(
     counter = {"invalid": 0, "total": 0}
     if method == ORCHESTRATOR:
         from lemon_core.policy import OrchestratorPolicy
-        from lemon_core.train import _dtype
+        from lemon_core.train import resolve_dtype
 
         if not checkpoint_uri:
             raise StageError(f"method {ORCHESTRATOR!r} needs a checkpoint URI (the trained orchestrator)")
         policy = OrchestratorPolicy.load(
-            str(local_dir(checkpoint_uri)), tc.device, _dtype(tc), tc.include_roles
+            str(local_dir(checkpoint_uri)), tc.device, resolve_dtype(tc), tc.include_roles
         )
         specs: Any = orchestrator_specs(policy, pool, tc.rollout.max_new_tokens, tc.seed, counter)
     else:

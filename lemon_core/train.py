@@ -563,13 +563,13 @@ class TrainResult(BaseModel):
     reward_curve: str | None = None
 
 
-def _dtype(cfg: TrainConfig) -> str:
+def resolve_dtype(cfg: TrainConfig) -> str:
     if cfg.dtype != "auto":
         return cfg.dtype
     return "bfloat16" if cfg.device.startswith("cuda") and torch.cuda.is_bf16_supported() else "float32"
 
 
-def _load_pool(cfg: TrainConfig) -> CapacityPool:
+def load_train_pool(cfg: TrainConfig) -> CapacityPool:
     pool = load_pool(cfg.pool)
     if cfg.agent_max_tokens is not None:
         pool.levels = [
@@ -710,10 +710,10 @@ def train(
     torch.manual_seed(cfg.seed)
 
     train_tasks, eval_tasks = examples if examples is not None else load_tasks(cfg.data, cfg.seed)
-    pool = _load_pool(cfg)
+    pool = load_train_pool(cfg)
     if any(lv.backend == "simulated" for lv in pool.levels):
         register_examples([*train_tasks, *eval_tasks])
-    dtype = _dtype(cfg)
+    dtype = resolve_dtype(cfg)
     ckpt = latest_checkpoint(out) if resume else None
     sft_dir = out / "sft-model"
     result = TrainResult(out=str(out), steps=0, metrics=[])

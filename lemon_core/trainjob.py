@@ -54,7 +54,9 @@ class TrainJobConfig(BaseModel):
     name: str = Field(description="TrainJob name: RFC 1035 DNS label, at most 63 characters")
     namespace: str = "kubeflow"
     image: str
-    command: list[str] = Field(default_factory=lambda: ["lemon", "train"])
+    # The torch-distributed runtime sets PET_NNODES / PET_NPROC_PER_NODE / PET_NODE_RANK / PET_MASTER_*,
+    # which torchrun reads; the command itself must therefore be torchrun.
+    command: list[str] = Field(default_factory=lambda: ["torchrun", "--no-python", "lemon", "train"])
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, tuple[str, str]] = Field(

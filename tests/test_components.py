@@ -105,7 +105,7 @@ def test_train_component_creates_trainjob_when_multinode(
     tj.validate_body(body)
     t = body["spec"]["trainer"]
     assert t["numNodes"] == 4 and t["image"] == cfg.kubernetes.gpu_image
-    assert t["command"] == ["lemon", "train-step"]
+    assert t["command"] == ["torchrun", "--no-python", "lemon", "train-step"]
     args = t["args"]
     assert args[args.index("--records") + 1] == "s3://b/r0.jsonl" and args.count("--records") == 2
     assert args[args.index("--checkpoint") + 1] == "s3://b/ckpt-1"

@@ -134,7 +134,7 @@ def test_body_shape() -> None:
     }
     t = spec["trainer"]
     assert t["numNodes"] == 3 and t["numProcPerNode"] == "auto"
-    assert t["command"] == ["lemon", "train"] and t["args"] == ["--records", "s3://b/r"]
+    assert t["command"] == ["torchrun", "--no-python", "lemon", "train"] and t["args"] == ["--records", "s3://b/r"]
     assert t["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "2"}
     assert {
         "name": "AWS_ACCESS_KEY_ID",
