@@ -12,12 +12,13 @@ cannot iterate over a list produced by an upstream task; a static list works in 
 The (method, benchmark) evaluation matrix is likewise fixed at build time from ``cfg.evaluate``.
 """
 
-from typing import Any
+from typing import Any, List  # noqa: UP035 - kfp reads typing.List in component signatures
 
 from kfp import dsl
 
 from components import evaluate, prepare_dataset, publish, rollout, train
-from lemon_core.stages import ORCHESTRATOR, PipelineConfig, eval_matrix
+from lemon_core.stages import ORCHESTRATOR, PipelineConfig
+from pipelines.evaluation import eval_cells
 from pipelines.placement import on_gpu, with_storage
 
 PIPELINE_NAME = "lemon-train"
@@ -28,9 +29,28 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
     k8s = cfg.kubernetes
     cpu, gpu = k8s.image, k8s.gpu_image
     prepare_op, rollout_op, train_op = prepare_dataset.make(cpu), rollout.make(gpu), train.make(gpu)
-    eval_op, report_op, publish_op = evaluate.make(gpu), evaluate.make_report(cpu), publish.make(cpu)
+    report_op, publish_op = evaluate.make_report(cpu), publish.make(cpu)
     methods = list(dict.fromkeys([ORCHESTRATOR, *cfg.evaluate.methods]))
-    matrix = eval_matrix(cfg, methods)
+    cells_pipeline = eval_cells(cfg, local, methods)
+
+    @dsl.pipeline(name="rollout-shards", description="One rollout pod per train shard, in parallel.")
+    def rollout_shards(config_json: str, manifest_uri: str, iteration: int, checkpoint_uri: str) -> List[str]:  # noqa: UP006
+        # A sub-pipeline, so the manifest/checkpoint URIs arrive as its inputs: see eval_cells for why.
+        with dsl.ParallelFor(
+            list(range(cfg.rollout_shards)), parallelism=cfg.rollout_parallelism, name="shards"
+        ) as shard:
+            ro = on_gpu(
+                rollout_op(
+                    config_json=config_json,
+                    manifest_uri=manifest_uri,
+                    shard_index=shard,
+                    iteration=iteration,
+                    checkpoint_uri=checkpoint_uri,
+                ).set_display_name("rollout"),
+                k8s,
+                local,
+            )
+        return dsl.Collected(ro.output)
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -56,28 +76,15 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
         )
         checkpoint = sft.output
         for i in range(1, cfg.n_iterations + 1):
-            with dsl.ParallelFor(
-                list(range(cfg.rollout_shards)),
-                parallelism=cfg.rollout_parallelism,
-                name=f"rollout-shards-{i}",
-            ) as shard:
-                ro = on_gpu(
-                    rollout_op(
-                        config_json=config_json,
-                        manifest_uri=manifest,
-                        shard_index=shard,
-                        iteration=i,
-                        checkpoint_uri=checkpoint,
-                    ).set_display_name(f"rollout-{i}"),
-                    k8s,
-                    local,
-                )
+            shards = rollout_shards(
+                config_json=config_json, manifest_uri=manifest, iteration=i, checkpoint_uri=checkpoint
+            ).set_display_name(f"rollout-shards-{i}")
             step = on_gpu(
                 train_op(
                     config_json=config_json,
                     mode="grpo",
                     manifest_uri=manifest,
-                    records_uris=dsl.Collected(ro.output),
+                    records_uris=shards.output,
                     iteration=i,
                     checkpoint_uri=checkpoint,
                     reference_uri=sft.output,
@@ -87,20 +94,11 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
                 local,
             )
             checkpoint = step.output
-        with dsl.ParallelFor(matrix, parallelism=cfg.rollout_parallelism, name="eval-matrix") as cell:
-            ev = on_gpu(
-                eval_op(
-                    config_json=config_json,
-                    manifest_uri=manifest,
-                    method=cell.method,
-                    benchmark=cell.benchmark,
-                    checkpoint_uri=checkpoint,
-                ).set_display_name("evaluate"),
-                k8s,
-                local,
-            )
+        cells = cells_pipeline(
+            config_json=config_json, manifest_uri=manifest, checkpoint_uri=checkpoint
+        ).set_display_name("eval-matrix")
         rep = with_storage(
-            report_op(config_json=config_json, summary_uris=dsl.Collected(ev.output)).set_display_name(
+            report_op(config_json=config_json, summary_uris=cells.output).set_display_name(
                 "report"
             ),
             k8s,
@@ -109,7 +107,7 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
         with dsl.If(rep.outputs["publish"] == True, name="beats-served-model"):  # noqa: E712 - kfp condition
             with_storage(
                 publish_op(
-                    config_json=config_json, checkpoint_uri=checkpoint, summary_uris=dsl.Collected(ev.output)
+                    config_json=config_json, checkpoint_uri=checkpoint, summary_uris=cells.output
                 ).set_display_name("publish"),
                 k8s,
                 local,

@@ -31,10 +31,18 @@ def test_train_pipeline_unrolls_iterations(tmp_path: Path, iterations: int) -> N
     assert ir["pipelineInfo"]["name"] == "lemon-train"
     root = _tasks(ir["root"])
     names = set(root)
-    assert {"prepare-dataset", "train", "evaluation-report"} <= names
-    assert sum(n.startswith("for-loop") for n in names) == iterations + 1, (
-        "one rollout loop per iteration + eval"
-    )
+    assert {"prepare-dataset", "train", "evaluation-report", "eval-matrix"} <= names
+    # one rollout fan-out sub-pipeline per iteration, each holding a ParallelFor; one for the eval matrix
+    assert sum(n.startswith("rollout-shards") for n in names) == iterations
+    loops = [
+        n for n, c in ir["components"].items()
+        if "dag" in c and any(t.startswith("for-loop") for t in c["dag"]["tasks"])
+    ]
+    assert len(loops) == iterations + 1, loops
+    # each GRPO step trains on the records its iteration's fan-out collected
+    for k, step in enumerate(sorted(n for n in names if n.startswith("train-")), start=1):
+        producer = root[step]["inputs"]["parameters"]["records_uris"]["taskOutputParameter"]["producerTask"]
+        assert producer == ("rollout-shards" if k == 1 else f"rollout-shards-{k}")
     grpo = sorted(n for n in names if n.startswith("train-"))
     assert len(grpo) == iterations
     # each GRPO step consumes the previous checkpoint: train-2 reads train-1's output, ...
@@ -70,7 +78,9 @@ def test_eval_pipeline_matrix(tmp_path: Path) -> None:
     cfg = load_config("local-cpu")
     ir, _ = _load_ir(compile_pipeline(cfg, "eval", tmp_path / "eval.yaml"))
     assert ir["pipelineInfo"]["name"] == "lemon-eval"
-    loop = next(t for n, t in _tasks(ir["root"]).items() if n.startswith("for-loop"))
+    assert "eval-matrix" in _tasks(ir["root"])
+    matrix = ir["components"]["comp-eval-matrix"]
+    loop = next(t for n, t in _tasks(matrix).items() if n.startswith("for-loop"))
     items = json.loads(loop["parameterIterator"]["items"]["raw"])
     expected = {(m, b) for m in cfg.evaluate.methods for b in cfg.prepare.benchmarks}
     assert {(i["method"], i["benchmark"]) for i in items} == expected
