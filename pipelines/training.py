@@ -52,6 +52,19 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
             )
         return dsl.Collected(ro.output)
 
+    @dsl.pipeline(name="publish-gate", description="Publish only if the report says the candidate wins.")
+    def publish_gate(config_json: str, publish: bool, checkpoint_uri: str, summary_uris: List[str]) -> None:  # noqa: UP006
+        # The condition reads a sub-pipeline input: kfp.local cannot resolve a dsl.If on an upstream
+        # task's output in the same DAG, while both it and the KFP backend resolve this form.
+        with dsl.If(publish == True, name="beats-served-model"):  # noqa: E712 - kfp condition
+            with_storage(
+                publish_op(
+                    config_json=config_json, checkpoint_uri=checkpoint_uri, summary_uris=summary_uris
+                ).set_display_name("publish"),
+                k8s,
+                local,
+            )
+
     @dsl.pipeline(
         name=PIPELINE_NAME,
         description="Train a LEMON orchestrator: SFT, GRPO with localized "
@@ -104,13 +117,9 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
             k8s,
             local,
         )
-        with dsl.If(rep.outputs["publish"] == True, name="beats-served-model"):  # noqa: E712 - kfp condition
-            with_storage(
-                publish_op(
-                    config_json=config_json, checkpoint_uri=checkpoint, summary_uris=cells.output
-                ).set_display_name("publish"),
-                k8s,
-                local,
-            )
+        publish_gate(
+            config_json=config_json, publish=rep.outputs["publish"], checkpoint_uri=checkpoint,
+            summary_uris=cells.output,
+        ).set_display_name("publish-gate")
 
     return lemon_train

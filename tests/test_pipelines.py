@@ -62,7 +62,10 @@ def test_train_pipeline_unrolls_iterations(tmp_path: Path, iterations: int) -> N
     # the publish gate: a condition on the report's `publish` output
     cond = next(c for c in ir["components"].values() if "dag" in c and "publish" in _tasks(c))
     assert cond is not None
-    gate = next(t for t in root.values() if t.get("triggerPolicy"))
+    assert root["publish-gate"]["inputs"]["parameters"]["publish"]["taskOutputParameter"] == {
+        "outputParameterKey": "publish", "producerTask": "evaluation-report"}
+    gate_dag = ir["components"]["comp-publish-gate"]["dag"]["tasks"]
+    gate = next(t for t in gate_dag.values() if t.get("triggerPolicy"))
     assert "publish" in gate["triggerPolicy"]["condition"]
     # GPU placement lives in the kubernetes platform spec
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
