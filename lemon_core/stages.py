@@ -58,6 +58,11 @@ class EvalSettings(BaseModel):
     limit: int | None = Field(None, ge=1, description="examples per benchmark")
     capacity: str | None = Field(None, description="baseline agents' level (default: the most capable)")
     batch_size: int = Field(8, ge=1)
+    agent_max_tokens: int | None = Field(
+        None, ge=1, description="cap on every agent's answer during evaluation (default: the pool's own "
+        "max_tokens; train.agent_max_tokens caps rollouts only, so a short training cap cannot cut "
+        "the evaluated answers before their final line)",
+    )
 
 
 class PublishSettings(BaseModel):
@@ -446,7 +451,9 @@ def stage_evaluate(
             f"no {benchmark!r} examples in split {cfg.evaluate.split!r} of {manifest_uri}; "
             "add the benchmark to prepare.benchmarks or raise prepare.test_limit"
         )
-    pool = _pool(cfg)
+    from lemon_core.train import load_train_pool
+
+    pool = load_train_pool(tc.model_copy(update={"agent_max_tokens": cfg.evaluate.agent_max_tokens}))
     counter = {"invalid": 0, "total": 0}
     if method == ORCHESTRATOR:
         from lemon_core.policy import OrchestratorPolicy
