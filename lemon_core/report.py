@@ -91,6 +91,7 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
         ax.set_xlabel("mean cost per example (USD)")
         ax.set_ylabel("accuracy")
         ax.set_ylim(-0.05, 1.05)
+        ax.margins(x=0.2)  # room for the method labels written to the right of each point
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
