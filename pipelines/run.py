@@ -62,12 +62,16 @@ def submit(
     run_name: str | None = None,
     namespace: str | None = None,
     token: str | None = None,
-    work_dir: Path = Path("."),
+    work_dir: Path | None = None,
 ) -> dict[str, str]:
-    """Upload the compiled pipeline (a new version if it exists), then start a run in ``experiment``."""
+    """Upload the compiled pipeline (a new version if it exists), then start a run in ``experiment``.
+    The compiled package goes to ``work_dir`` (default: a fresh temporary folder, not the cwd)."""
+    import tempfile
+
     import kfp
 
-    package = compile_pipeline(cfg, which, work_dir / f"lemon-{which}.yaml")
+    folder = work_dir if work_dir is not None else Path(tempfile.mkdtemp(prefix="lemon-submit-"))
+    package = compile_pipeline(cfg, which, folder / f"lemon-{which}.yaml")
     client = kfp.Client(host=host, namespace=namespace, existing_token=token)
     name = f"lemon-{which}"
     version = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
