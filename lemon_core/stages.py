@@ -226,8 +226,8 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     """SFT warm-up on templated valid specs; returns the model URI (also the KL reference)."""
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
-    from lemon_core.sft import sft_pairs, sft_train, valid_spec_rate
-    from lemon_core.train import resolve_dtype
+    from lemon_core.sft import sft_pairs, sft_train
+    from lemon_core.train import resolve_dtype, sft_valid_rate
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
@@ -238,19 +238,7 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     questions = [t.question for t in held[: tc.sft.eval_tasks]]
 
     def rate() -> float:
-        return (
-            valid_spec_rate(
-                policy,
-                questions,
-                pool,
-                samples=tc.sft.eval_samples,
-                max_new_tokens=tc.rollout.max_new_tokens,
-                temperature=tc.rollout.temperature,
-                seed=tc.seed,
-            )
-            if questions
-            else 0.0
-        )
+        return sft_valid_rate(policy, questions, pool, tc) if questions else 0.0
 
     before = rate()
     losses = (

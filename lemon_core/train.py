@@ -563,6 +563,15 @@ class TrainResult(BaseModel):
     reward_curve: str | None = None
 
 
+def sft_valid_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: CapacityPool,
+                   cfg: TrainConfig) -> float:
+    """Valid-spec rate of ``policy`` on ``questions``, sampled as rollouts sample (before/after SFT)."""
+    return valid_spec_rate(
+        policy, questions, pool, samples=cfg.sft.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature, seed=cfg.seed,
+    )
+
+
 def resolve_dtype(cfg: TrainConfig) -> str:
     if cfg.dtype != "auto":
         return cfg.dtype
@@ -726,21 +735,10 @@ def train(
             t.question for t in eval_tasks[: cfg.sft.eval_tasks] or train_tasks[: cfg.sft.eval_tasks]
         ]
 
-        def rate() -> float:
-            return valid_spec_rate(
-                policy,
-                questions,
-                pool,
-                samples=cfg.sft.eval_samples,
-                max_new_tokens=cfg.rollout.max_new_tokens,
-                temperature=cfg.rollout.temperature,
-                seed=cfg.seed,
-            )
-
-        result.valid_rate_before_sft = rate()
+        result.valid_rate_before_sft = sft_valid_rate(policy, questions, pool, cfg)
         pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed)
         sft_losses = sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed, progress=cfg.progress and is_main)
-        result.valid_rate_after_sft = rate()
+        result.valid_rate_after_sft = sft_valid_rate(policy, questions, pool, cfg)
         if is_main:
             _save_model_dir(policy, sft_dir)
             _write_atomic(
