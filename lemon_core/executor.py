@@ -207,11 +207,12 @@ def execute_specs(
             calls += sum(1 for c in cached if not c)
             for (i, agent, request), completion, was_cached in zip(group, completions, cached, strict=True):
                 system, user = request.messages[0][1], request.messages[-1][1]
+                # cost = the call's price at pool rates, cache hit or not: a spec's reward (and so a
+                # counterfactual's Delta) must not depend on which other specs shared the batch/cache
                 record = AgentTrace(
                     agent.id, capacity, system, user, completion.text, completion.prompt_tokens,
                     completion.completion_tokens,
-                    0.0 if was_cached else pool.cost(capacity, completion.prompt_tokens,
-                                                     completion.completion_tokens),
+                    pool.cost(capacity, completion.prompt_tokens, completion.completion_tokens),
                     0.0 if was_cached else completion.latency_s, was_cached, completion.error,
                 )
                 traces[i].agents.append(record)

@@ -6,19 +6,30 @@ task, the pool's capacity levels (cheapest first, with prices) and, optionally, 
 then asks for a step-structured YAML spec in a ```yaml block. The example in the prompt is rendered by
 ``render_spec``, so prompt, SFT targets and parser can never disagree about the format.
 
+``spec_format`` picks the spec's written form: ``yaml`` (default, a ```yaml block) or ``json`` (a bare
+JSON object, which YAML also reads, so spans and parsing are unchanged). JSON is what a sampler can be
+constrained to with a JSON schema (``vllm_sampler.py``); prompt, SFT targets and sampler follow the
+same setting.
+
 ``OrchestratorPolicy.sample`` returns, per completion, the sampled token ids, the text and the
-per-token log-probabilities under the policy at sampling time. Those "old" logprobs are recomputed
-with one forward pass (``grpo.sequence_logprobs``) at the same temperature the loss uses, instead of
-being read off the sampler's scores: the sampler may truncate (top_p) or run elsewhere (vLLM), while
-the PPO ratio needs exactly log pi_old under the loss's convention.
+per-token log-probabilities under the policy at sampling time. Token ids come from the policy's own
+``generate`` (transformers, the CPU default) or from ``policy.sampler``, any ``CompletionSampler``
+such as vLLM on GPU; everything after the ids - cutting at end-of-turn, decoding, offsets, logprobs -
+is shared, so both paths produce identical records. The "old" logprobs are recomputed with one
+forward pass (``grpo.sequence_logprobs``) at the same temperature the loss uses, instead of being read
+off the sampler's scores: the sampler may truncate (top_p) or run elsewhere (vLLM), while the PPO
+ratio needs exactly log pi_old under the loss's convention.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -26,7 +37,10 @@ from torch import Tensor
 from lemon_core.grpo import offsets_from_token_ids, sequence_logprobs
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec, render_spec_json
+
+SpecFormat = Literal["yaml", "json"]
+SPEC_FORMATS: tuple[str, ...] = ("yaml", "json")
 
 ORCHESTRATOR_SYSTEM = (
     "You are an orchestrator. You do not solve tasks yourself: you design a small team of AI agents "
@@ -40,6 +54,18 @@ ORCHESTRATOR_FORMAT = (
     "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
     "Use as few agents and as cheap a capacity as the task allows."
 )
+
+ORCHESTRATOR_FORMAT_JSON = (
+    "Write the team as a JSON object, in exactly this format:\n{example}\n"
+    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
+    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
+    "Use as few agents and as cheap a capacity as the task allows."
+)
+
+
+def _check_format(spec_format: str) -> None:
+    if spec_format not in SPEC_FORMATS:
+        raise ValueError(f"spec_format={spec_format!r}: use one of {list(SPEC_FORMATS)}")
 
 
 def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
@@ -59,14 +85,19 @@ def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
 
 
 def orchestrator_messages(
-    question: str, pool: CapacityPool, include_roles: bool = True, include_format: bool = True
+    question: str,
+    pool: CapacityPool,
+    include_roles: bool = True,
+    include_format: bool = True,
+    spec_format: SpecFormat = "yaml",
 ) -> list[dict[str, str]]:
     """Chat messages asking for a spec for ``question`` (the one orchestrator prompt of lemon).
 
-    ``include_roles`` lists the base-role library; ``include_format`` shows the YAML format with an
-    example. Both are on for real models; a policy already fine-tuned on the format (or a tiny test
-    model with 1024 positions) may drop them for a much shorter prompt.
+    ``include_roles`` lists the base-role library; ``include_format`` shows the format (YAML or JSON,
+    ``spec_format``) with an example. Both are on for real models; a policy already fine-tuned on the
+    format (or a tiny test model with 1024 positions) may drop them for a much shorter prompt.
     """
+    _check_format(spec_format)
     levels = "\n".join(
         f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
         for lv in pool.levels
@@ -75,21 +106,50 @@ def orchestrator_messages(
     if include_roles:
         roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
         parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
-    if include_format:
-        parts.append(
-            ORCHESTRATOR_FORMAT.format(
-                example=render_spec(_example_spec(pool)), levels=", ".join(pool.level_names)
-            )
-        )
+    levels_list = ", ".join(pool.level_names)
+    if include_format and spec_format == "json":
+        parts.append(ORCHESTRATOR_FORMAT_JSON.format(example=render_spec_json(_example_spec(pool)), levels=levels_list))
+    elif include_format:
+        parts.append(ORCHESTRATOR_FORMAT.format(example=render_spec(_example_spec(pool)), levels=levels_list))
+    elif spec_format == "json":
+        parts.append("Write the team as a JSON object.")
     else:
         parts.append("Write the team as a YAML spec in a ```yaml block.")
     user = "\n\n".join(parts)
     return [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": user}]
 
 
-def spec_completion(spec: OrchestrationSpec) -> str:
-    """What a perfect orchestrator answer looks like: the rendered spec in a ```yaml block (SFT target)."""
+def spec_completion(spec: OrchestrationSpec, spec_format: SpecFormat = "yaml") -> str:
+    """What a perfect orchestrator answer looks like (SFT target): the rendered spec in a ```yaml block,
+    or the bare JSON object for ``spec_format="json"`` (what a JSON-schema-guided sampler emits)."""
+    _check_format(spec_format)
+    if spec_format == "json":
+        return render_spec_json(spec)
     return f"```yaml\n{render_spec(spec)}```"
+
+
+class CompletionSampler(Protocol):
+    """Something other than the policy's own ``generate`` that samples completions (e.g. vLLM).
+
+    ``generate`` gets flat prompt token ids and one seed per prompt and returns, per prompt, the new
+    token ids - ending with the stop token when it stopped on one of ``stop_ids``. ``load_weights``
+    points it at a plain HF model folder holding the policy's current weights (``export_weights``).
+    """
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seeds: Sequence[int],
+        stop_ids: Sequence[int],
+    ) -> list[list[int]]: ...
+
+    def load_weights(self, model_dir: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -134,6 +194,10 @@ class OrchestratorPolicy:
     ``lemon_core.models.resolve_model``). The tokenizer must be fast (offsets) and have a chat template.
     """
 
+    # FSDP (lemon_core/fsdp.py) sets this: every decoding step is then a collective, so ``generate`` keeps
+    # stepping (synced_gpus) until every rank's batch is done; the samples themselves do not change.
+    lockstep: bool = False
+
     def __init__(
         self,
         model: Any,
@@ -141,7 +205,10 @@ class OrchestratorPolicy:
         device: str = "cpu",
         include_roles: bool = True,
         include_format: bool = True,
+        spec_format: SpecFormat = "yaml",
+        sampler: CompletionSampler | None = None,
     ) -> None:
+        _check_format(spec_format)
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "the orchestrator tokenizer has no chat template; give it one (tokenizer.chat_template)"
@@ -151,6 +218,8 @@ class OrchestratorPolicy:
         self.device = torch.device(device)
         self.include_roles = include_roles
         self.include_format = include_format
+        self.spec_format: SpecFormat = spec_format
+        self.sampler = sampler  # None: sample with the model's own generate
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -167,6 +236,7 @@ class OrchestratorPolicy:
         dtype: str = "float32",
         include_roles: bool = True,
         include_format: bool = True,
+        spec_format: SpecFormat = "yaml",
     ) -> OrchestratorPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -179,18 +249,27 @@ class OrchestratorPolicy:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device)
         return cls(
-            model, tokenizer, device=device, include_roles=include_roles, include_format=include_format
+            model,
+            tokenizer,
+            device=device,
+            include_roles=include_roles,
+            include_format=include_format,
+            spec_format=spec_format,
         )
 
     # --- prompts ----------------------------------------------------------------------------------
     def prompt_ids(self, question: str, pool: CapacityPool) -> list[int]:
-        msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format)
+        msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format, self.spec_format)
         ids = self.tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
+
+    def spec_completion(self, spec: OrchestrationSpec) -> str:
+        """The SFT target for ``spec`` in this policy's ``spec_format``."""
+        return spec_completion(spec, self.spec_format)
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of a target completion (SFT): the text, then the end-of-turn token."""
@@ -220,16 +299,24 @@ class OrchestratorPolicy:
         out: list[Sample] = []
         was_training = self.model.training
         self.model.eval()
-        for lo in range(0, len(flat), batch_size):
-            out.extend(
-                self._sample_batch(flat[lo : lo + batch_size], max_new_tokens, temperature, top_p, seed + lo)
-            )
+        step = batch_size if self.sampler is None else len(flat)  # a sampler like vLLM schedules itself
+        for lo in range(0, len(flat), step):
+            batch = flat[lo : lo + step]
+            if self.sampler is not None:
+                new = self.sampler.generate(
+                    batch, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    seeds=[seed + lo + i for i in range(len(batch))], stop_ids=self.eos_ids,
+                )  # fmt: skip
+            else:
+                new = self._generate(batch, max_new_tokens, temperature, top_p, seed + lo)
+            out.extend(self._to_samples(batch, new, temperature))
         self.model.train(was_training)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _sample_batch(
+    def _generate(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, seed: int
-    ) -> list[Sample]:
+    ) -> list[list[int]]:
+        """New token ids per prompt from the model's own ``generate`` (seeded per batch)."""
         ids, mask, width = pack(prompts, [[] for _ in prompts], self.pad_id)
         ids, mask = ids[:, :width].to(self.device), mask[:, :width].to(self.device)
         greedy = temperature <= 0
@@ -238,13 +325,18 @@ class OrchestratorPolicy:
             do_sample=not greedy,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
+            synced_gpus=self.lockstep,
         )
         if not greedy:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(seed)
             generated = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        new = generated[:, width:].tolist()
+        return generated[:, width:].tolist()
+
+    def _to_samples(self, prompts: list[list[int]], new: list[list[int]], temperature: float) -> list[Sample]:
+        """Cut each row after its first end-of-turn token, then decode, take offsets and old logprobs."""
+        greedy = temperature <= 0
         completions, finished = [], []
         for row in new:
             cut = next((t for t, tok in enumerate(row) if tok in self.eos_ids), None)
@@ -287,3 +379,46 @@ class OrchestratorPolicy:
         ids, mask = ids.to(self.device), mask.to(self.device)
         lp = sequence_logprobs(model if model is not None else self.model, ids, mask, start, temperature)
         return lp, mask[:, start:]
+
+    # --- handing weights to a sampler -------------------------------------------------------------
+    def export_weights(self, dest: str | Path) -> Path:
+        """Write the current weights as a plain HF model folder (LoRA adapters merged in), atomically.
+
+        This is what a ``CompletionSampler`` such as vLLM loads: it knows nothing of peft, so for a
+        LoRA policy each adapted weight is written as W + ΔW (peft's ``get_delta_weight``) under the base
+        name, computed out of place: merging into the live model and unmerging would leave float
+        rounding in the frozen base - which is also the KL reference - every iteration.
+        """
+        final = Path(dest)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if hasattr(self.model, "get_base_model"):  # a peft model
+            base = self.model.get_base_model()
+            base.save_pretrained(tmp, state_dict=_merged_lora_state(base), safe_serialization=True)
+        else:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        return final
+
+    def sync_sampler(self, model_dir: str | Path) -> None:
+        """Give ``self.sampler`` the current weights (after an update), written to ``model_dir``; a no-op
+        without a sampler."""
+        if self.sampler is not None:
+            self.sampler.load_weights(str(self.export_weights(model_dir)))
+
+
+@torch.no_grad()
+def _merged_lora_state(base: torch.nn.Module) -> dict[str, Tensor]:
+    """The state dict of a peft-wrapped model with every LoRA layer folded in, without touching it."""
+    state = {k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if "lora_" not in k}
+    for name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            delta = sum(
+                module.get_delta_weight(a) for a in module.active_adapters if a in getattr(module, "lora_A", {})
+            )
+            key = f"{name}.weight"
+            state[key] = state[key] + delta
+    return state

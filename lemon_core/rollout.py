@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,7 +46,8 @@ from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
-from lemon_core.spec import ParsedSpec, SpecError, parse_spec
+from lemon_core.spec import ParsedSpec, SpecError, parse_spec, spec_json_schema
+from lemon_core.vllm_sampler import VLLMSampler, VLLMSamplerConfig
 
 Scorer = Callable[[str, Any], float]
 
@@ -66,6 +67,32 @@ class RolloutConfig(BaseModel):
     sample_batch_size: int = Field(16, ge=1, description="completions generated together")
     edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit-family sampling")
     edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
+    sampler: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="who generates the specs: the policy's own transformers generate (CPU default) or a "
+        "vLLM engine on GPU that reloads the policy's weights after every update (see vllm_sampler.py)",
+    )
+    vllm: VLLMSamplerConfig = Field(default_factory=VLLMSamplerConfig, description="used when sampler: vllm")
+
+
+def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfig, pool: CapacityPool,
+                   seed: int = 0) -> None:
+    """Give ``policy`` the sampler ``cfg`` asks for; ``model_dir`` holds the policy's current weights.
+
+    Guided decoding constrains samples to the spec's JSON schema, so it only makes sense for a policy
+    that writes JSON; asking for it with YAML specs is a configuration error, caught here before any
+    GPU memory is taken.
+    """
+    if cfg.sampler == "transformers":
+        policy.sampler = None
+        return
+    if cfg.vllm.guided_json and policy.spec_format != "json":
+        raise ValueError(
+            "rollout.vllm.guided_json needs spec_format: json (the schema constrains JSON output; the "
+            f"policy writes {policy.spec_format}); set spec_format: json or rollout.vllm.guided_json: false"
+        )
+    schema = spec_json_schema(pool.level_names) if cfg.vllm.guided_json else None
+    policy.sampler = VLLMSampler(model_dir, cfg.vllm, json_schema=schema, seed=seed)
 
 
 class EditResult(BaseModel):

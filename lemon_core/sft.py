@@ -27,7 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemon_core import baselines
-from lemon_core.policy import OrchestratorPolicy, spec_completion
+from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import parse_completion
@@ -124,8 +124,11 @@ def templated_spec(pool: CapacityPool, rng: random.Random, cfg: SFTConfig) -> Or
     return validate_spec(OrchestrationSpec(agents=agents, output=spec.output), levels)
 
 
-def load_teacher(path: str | Path, pool: CapacityPool) -> list[tuple[str, str]]:
-    """(question, completion) pairs from a teacher JSONL; every spec must parse against ``pool``."""
+def load_teacher(path: str | Path, pool: CapacityPool, spec_format: SpecFormat = "yaml") -> list[tuple[str, str]]:
+    """(question, completion) pairs from a teacher JSONL; every spec must parse against ``pool``.
+
+    Specs are re-rendered in ``spec_format``, so the policy learns one written form whatever the
+    teacher wrote (YAML text, JSON text or a JSON object)."""
     pairs = []
     for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():
@@ -141,22 +144,23 @@ def load_teacher(path: str | Path, pool: CapacityPool) -> list[tuple[str, str]]:
             ) from None
         except SpecError as e:
             raise ValueError(f"{path} line {n}: teacher spec is invalid: {e}") from None
-        pairs.append((question, spec_completion(parsed.spec)))
+        pairs.append((question, spec_completion(parsed.spec, spec_format)))
     return pairs
 
 
 def sft_pairs(
-    questions: Sequence[str], pool: CapacityPool, cfg: SFTConfig, seed: int
+    questions: Sequence[str], pool: CapacityPool, cfg: SFTConfig, seed: int, spec_format: SpecFormat = "yaml"
 ) -> list[tuple[str, str]]:
-    """One templated (question, spec completion) pair per question, plus the teacher pairs."""
+    """One templated (question, spec completion) pair per question, plus the teacher pairs; completions
+    are written in ``spec_format`` (the policy's)."""
     rng = random.Random(seed)
     pairs = [
-        (q, spec_completion(templated_spec(pool, rng, cfg)))
+        (q, spec_completion(templated_spec(pool, rng, cfg), spec_format))
         for q in questions
         for _ in range(cfg.pairs_per_task)
     ]
     if cfg.teacher_jsonl:
-        pairs += load_teacher(cfg.teacher_jsonl, pool)
+        pairs += load_teacher(cfg.teacher_jsonl, pool, spec_format)
     return pairs
 
 

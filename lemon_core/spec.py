@@ -32,6 +32,7 @@ ever constructed from tags and nothing is eval'd.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -570,3 +571,54 @@ def render_spec(spec: OrchestrationSpec) -> str:
     }
     return yaml.dump(data, Dumper=_SpecDumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True, width=10**9)
+
+
+def render_spec_json(spec: OrchestrationSpec) -> str:
+    """The spec as compact one-line JSON (the ``spec_format: json`` twin of ``render_spec``).
+
+    JSON is a subset of YAML, so ``parse_spec`` reads it with exact spans like any spec; this is the
+    form a JSON-schema-guided sampler (vLLM structured outputs) is constrained to. Compact, because the
+    guided grammar then allows no free whitespace: what the policy learns in SFT is exactly what the
+    grammar admits, and a weak policy cannot spend its token budget on blank space.
+    """
+    data = {
+        "agents": [{"id": a.id, "role": a.role, "base_role": a.base_role, "duty": a.duty,
+                    "capacity": a.capacity, "depends_on": list(a.depends_on)} for a in spec.agents],
+        "output": spec.output,
+    }
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def spec_json_schema(levels: Sequence[str], limits: SpecLimits | None = None) -> dict[str, Any]:
+    """JSON schema of a spec over capacity ``levels``, for guided decoding.
+
+    It pins what a grammar can pin - field names and order, base roles and capacities from their
+    closed sets, id shape, sizes - so a guided sample is always well-formed. What a context-free
+    schema cannot say (ids unique, ``depends_on`` naming earlier agents, ``output`` naming an agent)
+    is still checked by ``parse_spec``, and such a sample is still an invalid spec with its penalty.
+    """
+    lim = limits or SpecLimits()
+    # the id's length bound lives in the pattern: xgrammar rejects pattern + maxLength together
+    agent_id = {"type": "string", "pattern": f"^[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{lim.max_id_chars - 1}}}$"}
+    agent = {
+        "type": "object",
+        "properties": {
+            "id": agent_id,
+            "role": {"type": "string", "minLength": 1, "maxLength": lim.max_role_chars},
+            "base_role": {"enum": list(BASE_ROLES)},
+            "duty": {"type": "string", "minLength": 1, "maxLength": lim.max_duty_chars},
+            "capacity": {"enum": list(levels)},
+            "depends_on": {"type": "array", "items": agent_id, "maxItems": lim.max_agents},
+        },
+        "required": list(AGENT_FIELDS),
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "agents": {"type": "array", "items": agent, "minItems": 1, "maxItems": lim.max_agents},
+            "output": agent_id,
+        },
+        "required": list(SPEC_FIELDS),
+        "additionalProperties": False,
+    }

@@ -225,16 +225,15 @@ def stage_prepare(cfg: PipelineConfig) -> tuple[str, list[str]]:
 def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     """SFT warm-up on templated valid specs; returns the model URI (also the KL reference)."""
     from lemon_core.metrics import LemonMetrics
-    from lemon_core.policy import OrchestratorPolicy
     from lemon_core.sft import sft_pairs, sft_train
-    from lemon_core.train import resolve_dtype, sft_valid_rate
+    from lemon_core.train import load_policy, sft_valid_rate
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
     train = [ex for _, ex in load_split(manifest, "train")]
     held = [ex for _, ex in load_split(manifest, "val")] or train
     pool = _pool(cfg)
-    policy = OrchestratorPolicy.load(tc.model, tc.device, resolve_dtype(tc), tc.include_roles)
+    policy = load_policy(tc, tc.model)
     questions = [t.question for t in held[: tc.sft.eval_tasks]]
 
     def rate() -> float:
@@ -244,7 +243,7 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     losses = (
         sft_train(
             policy,
-            sft_pairs([t.question for t in train], pool, tc.sft, tc.seed),
+            sft_pairs([t.question for t in train], pool, tc.sft, tc.seed, tc.spec_format),
             pool,
             tc.sft,
             seed=tc.seed,
@@ -271,6 +270,26 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     return uri
 
 
+def _attach_sampler(policy: Any, checkpoint: Path, tc: Any, pool: Any) -> None:
+    """Sample with vLLM when ``train.rollout.sampler: vllm``: an engine on the checkpoint folder itself,
+    or on a merged copy for a LoRA checkpoint (vLLM loads plain HF folders)."""
+    from lemon_core.rollout import attach_sampler
+    from lemon_core.train import merge_lora_checkpoint
+
+    if tc.rollout.sampler == "transformers":
+        return
+    model_dir = checkpoint
+    if (checkpoint / "adapter_config.json").exists():
+        model_dir = merge_lora_checkpoint(checkpoint, checkpoint.with_name(checkpoint.name + "-merged"))
+    attach_sampler(policy, str(model_dir), tc.rollout, pool, seed=tc.seed)
+
+
+def _close_sampler(policy: Any) -> None:
+    if policy.sampler is not None:
+        policy.sampler.close()
+        policy.sampler = None
+
+
 def _sampler_state(checkpoint: Path) -> dict[str, float]:
     state = checkpoint / "trainer_state.json"
     return json.loads(state.read_text()).get("sampler", {}) if state.exists() else {}
@@ -283,9 +302,8 @@ def stage_rollout(
     shards) with the current policy; returns the records URI."""
     from lemon_core.counterfactual import EditFamily, EditFamilySampler
     from lemon_core.metrics import LemonMetrics
-    from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import collect_rollouts, write_records
-    from lemon_core.train import resolve_dtype, tasks_for_step
+    from lemon_core.train import load_policy, tasks_for_step
 
     tc = cfg.train_config()
     manifest = read_manifest(manifest_uri)
@@ -297,7 +315,8 @@ def stage_rollout(
     tasks = tasks_for_step(tasks, iteration, cfg.tasks_per_shard, tc.seed)
     ckpt = local_dir(checkpoint_uri)
     pool = _pool(cfg)
-    policy = OrchestratorPolicy.load(str(ckpt), tc.device, resolve_dtype(tc), tc.include_roles)
+    policy = load_policy(tc, str(ckpt))
+    _attach_sampler(policy, ckpt, tc, pool)
     sampler = EditFamilySampler(floor=tc.rollout.edit_floor, decay=tc.rollout.edit_decay)
     sampler.mean_abs_delta.update({EditFamily(k): float(v) for k, v in _sampler_state(ckpt).items()})
     shard_seed = int.from_bytes(shard_uri.encode()[-8:].rjust(8, b"\0"), "big") % 1_000_003
@@ -311,6 +330,7 @@ def stage_rollout(
         step=iteration,
         seed=tc.seed * 1_000_003 + iteration * 7919 + shard_seed,
     )
+    _close_sampler(policy)
     name = f"pod-{shard_index:03d}-" + shard_uri.rstrip("/").rsplit("/", 1)[-1]
     uri = storage.join(cfg.artifacts, f"iter-{iteration:03d}", "rollouts", name)
     write_records(records, uri)
@@ -336,36 +356,54 @@ def stage_train(
     """One GRPO update on the iteration's rollout records; returns the new checkpoint URI.
 
     Under torchrun (a TrainJob with numNodes > 1) every rank takes whole GRPO groups (shard_by_group) and
-    ``grpo_update`` all-reduces gradients; rank 0 writes the checkpoint.
+    ``grpo_update`` all-reduces gradients; rank 0 writes the checkpoint. With ``train.distributed.strategy:
+    fsdp`` the policy and reference are sharded over the ranks (lemon_core/fsdp.py) and the full weights
+    and optimizer state are gathered to rank 0 for the checkpoint, which stays a plain HF folder.
     """
     import torch
 
     from lemon_core.counterfactual import EditFamily, EditFamilySampler
+    from lemon_core.fsdp import full_state
     from lemon_core.metrics import LemonMetrics
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import read_records
-    from lemon_core.train import grpo_update, resolve_dtype, rollout_metrics, save_checkpoint, shard_by_group, world
+    from lemon_core.train import (
+        grpo_update,
+        load_optimizer_state,
+        load_policy,
+        resolve_dtype,
+        rollout_metrics,
+        save_checkpoint,
+        shard_by_group,
+        shard_for_training,
+        uses_fsdp,
+        world,
+    )
 
     tc = cfg.train_config()
-    rank, world_size = world()
+    rank, world_size = world(tc.device)
     records = [r for uri in records_uris for r in read_records(uri)]
     if not records:
         raise StageError(f"iteration {iteration}: no rollout records in {list(records_uris)}")
     mine = shard_by_group(records, rank, world_size)
     ckpt = local_dir(checkpoint_uri)
     dtype = resolve_dtype(tc)
-    policy = OrchestratorPolicy.load(str(ckpt), tc.device, dtype, tc.include_roles)
+    sharded = uses_fsdp(tc, world_size)
+    load_device = "cpu" if sharded else tc.device  # FSDP: only each rank's shard goes to tc.device
+    policy = load_policy(tc, str(ckpt), load_device)
     ref = None
     if tc.grpo.kl_coef > 0:
-        ref = OrchestratorPolicy.load(str(local_dir(reference_uri)), tc.device, dtype).model.eval()
+        ref = OrchestratorPolicy.load(str(local_dir(reference_uri)), load_device, dtype).model.eval()
         ref.requires_grad_(False)
+    if sharded:
+        shard_for_training(policy, ref, tc)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.optim.lr, weight_decay=tc.optim.weight_decay)
     warm = tc.optim.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warm + 1)))
     if (ckpt / "training_state.pt").exists():
         state = torch.load(ckpt / "training_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(policy.model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
     sampler = EditFamilySampler(floor=tc.rollout.edit_floor, decay=tc.rollout.edit_decay)
     sampler.mean_abs_delta.update({EditFamily(k): float(v) for k, v in _sampler_state(ckpt).items()})
@@ -382,9 +420,12 @@ def stage_train(
     }
     iter_uri = storage.join(cfg.artifacts, f"iter-{iteration:03d}")
     uri = storage.join(iter_uri, "checkpoint")
+    full = full_state(policy.model, optimizer) if sharded else None  # a collective: every rank gathers
     if rank == 0:
         with tempfile.TemporaryDirectory() as tmp:
-            path = save_checkpoint(Path(tmp), iteration, policy, optimizer, scheduler, sampler, keep=1)
+            path = save_checkpoint(
+                Path(tmp), iteration, policy, optimizer, scheduler, sampler, keep=1, full_state=full
+            )
             storage.upload_dir(path, uri)
         storage.write_text(storage.join(iter_uri, "train.json"), json.dumps(row, indent=2, default=float))
         m = LemonMetrics()
@@ -444,14 +485,12 @@ def stage_evaluate(
     pool = load_train_pool(tc.model_copy(update={"agent_max_tokens": cfg.evaluate.agent_max_tokens}))
     counter = {"invalid": 0, "total": 0}
     if method == ORCHESTRATOR:
-        from lemon_core.policy import OrchestratorPolicy
-        from lemon_core.train import resolve_dtype
+        from lemon_core.train import load_policy
 
         if not checkpoint_uri:
             raise StageError(f"method {ORCHESTRATOR!r} needs a checkpoint URI (the trained orchestrator)")
-        policy = OrchestratorPolicy.load(
-            str(local_dir(checkpoint_uri)), tc.device, resolve_dtype(tc), tc.include_roles
-        )
+        policy = load_policy(tc, str(local_dir(checkpoint_uri)))
+        _attach_sampler(policy, local_dir(checkpoint_uri), tc, pool)
         specs: Any = orchestrator_specs(policy, pool, tc.rollout.max_new_tokens, tc.seed, counter)
     else:
         level = cfg.evaluate.capacity or pool.level_names[-1]
@@ -479,6 +518,8 @@ def stage_evaluate(
     m = LemonMetrics()
     m.record_eval(benchmark, method, summary.accuracy, summary.mean_cost_usd)
     _metrics_out(m, out, "lemon-eval", {"run": cfg.name, "benchmark": benchmark, "method": method})
+    if method == ORCHESTRATOR:
+        _close_sampler(policy)
     pool.close()
     return storage.join(out, "summary.json")
 

@@ -27,8 +27,22 @@ tests/test_train_distributed.py). Records are then gathered so the metrics and t
 sampler cover all ranks; rank 0 writes checkpoints (with every rank's RNG state) and metrics. See
 docs/training.md for the launch.
 
+``distributed.strategy: fsdp`` shards parameters, gradients and AdamW state over the ranks instead
+(PyTorch FSDP2, ``fsdp.py``), for models whose full fine-tuning does not fit one GPU. The step is the
+same sum over ranks (FSDP's reduce-scatter sums instead of averaging). Because forward and backward
+are then collectives, ranks run equal numbers of micro-batches (padding with zero-loss ones) and
+sample in lockstep, the KL reference is sharded too, evaluation is split over all ranks, and
+checkpoints are gathered to rank 0 and written as the same plain HF folders (tested in
+tests/test_train_fsdp.py, including equality with the single-process update and --resume).
+
 LoRA (``lora.enabled``, peft): only adapters train; the adapter-disabled base is the KL reference;
 checkpoints hold the adapter only and load for sampling as they are or via ``merge_lora_checkpoint``.
+
+Sampling on GPU (``rollout.sampler: vllm``): each rank starts a vLLM engine (``vllm_sampler.py``) on
+the current weights and, after every update, hands it the new ones (``policy.sync_sampler``: a plain
+HF folder, LoRA folded in, reloaded in place). Records are built by the policy either way, so the
+loss never sees the sampler's own logprobs. ``spec_format: json`` + ``rollout.vllm.guided_json``
+constrain samples to the spec's JSON schema. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -41,26 +55,30 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lemon_core import fsdp
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
 from lemon_core.executor import execute_specs
 from lemon_core.grpo import (
     GRPOConfig,
     batched_group_advantages,
+    contrast_divisors,
     counterfactual_token_advantages,
     grpo_loss,
     span_token_mask,
     token_advantages,
 )
-from lemon_core.policy import OrchestratorPolicy
+from lemon_core.policy import OrchestratorPolicy, SpecFormat
 from lemon_core.pool import CapacityPool, load_pool
 from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.rollout import (
@@ -68,6 +86,7 @@ from lemon_core.rollout import (
     RolloutRecord,
     RolloutStats,
     Scorer,
+    attach_sampler,
     benchmark_scorer,
     collect_rollouts,
     parse_completion,
@@ -114,6 +133,32 @@ class LoraSettings(BaseModel):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+class DistributedConfig(BaseModel):
+    """How the torchrun ranks share the policy (ignored by a single process); docs/training.md."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: Literal["replicate", "fsdp"] = Field(
+        "replicate",
+        description="replicate: every rank holds the full model, gradients are all-reduced (DDP-like; the "
+        "fastest when model + gradients + AdamW state fit one GPU). fsdp: parameters, gradients and "
+        "optimizer state are sharded over the ranks with PyTorch FSDP2 (lemon_core/fsdp.py), for models "
+        "whose full fine-tuning does not fit one GPU (e.g. 7B full fine-tuning); forward/backward then "
+        "all-gather weights and sampling runs in lockstep over ranks",
+    )
+    fsdp_reshard_after_forward: bool = Field(
+        True,
+        description="fsdp: free each layer's gathered weights after forward and gather them again for "
+        "backward (least memory, ZeRO-3); false keeps them until backward (less communication, ZeRO-2-like)",
+    )
+    fsdp_gather_for_sampling: bool = Field(
+        True,
+        description="fsdp: keep the full weights gathered while sampling rollouts and evaluating, so a "
+        "decoding step needs no all-gather (one full copy of the bf16 weights per GPU meanwhile); set false "
+        "when the weights alone do not fit one GPU, at the cost of an all-gather of the model per token",
+    )
+
+
 class TrainConfig(BaseSettings):
     """Everything ``lemon train`` needs; YAML file + ``LEMON_*`` env (nested: ``LEMON_OPTIM__LR=1e-5``)."""
 
@@ -129,6 +174,11 @@ class TrainConfig(BaseSettings):
     dtype: str = Field("auto", description="auto (bf16 on a bf16 GPU, else fp32), float32, bfloat16")
     include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
     include_format: bool = Field(True, description="show the YAML format + example in the prompt")
+    spec_format: SpecFormat = Field(
+        "yaml",
+        description="how the orchestrator writes specs: yaml (a ```yaml block) or json (a bare JSON object; "
+        "needed by rollout.vllm.guided_json). Prompt, SFT targets and serving follow it",
+    )
     agent_max_tokens: int | None = Field(
         None, ge=1, description="cap every pool level's max_tokens (CPU runs)"
     )
@@ -148,6 +198,31 @@ class TrainConfig(BaseSettings):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    @model_validator(mode="after")
+    def _sampler_settings_agree(self) -> TrainConfig:
+        if self.rollout.sampler == "vllm" and self.rollout.vllm.guided_json and self.spec_format != "json":
+            raise ValueError(
+                "rollout.vllm.guided_json constrains samples to the spec's JSON schema, so it needs "
+                f"spec_format: json (got {self.spec_format!r}); set spec_format: json or guided_json: false"
+            )
+        if self.rollout.sampler == "vllm" and self.distributed.strategy == "fsdp":
+            raise ValueError(
+                "rollout.sampler=vllm with distributed.strategy=fsdp is not supported yet: the vLLM engines "
+                "would need the sharded weights gathered on every rank after each update; use "
+                "rollout.sampler: transformers with fsdp, or strategy: replicate (LoRA for large models)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_without_lora(self) -> TrainConfig:
+        if self.distributed.strategy == "fsdp" and self.lora.enabled:
+            raise ValueError(
+                "distributed.strategy=fsdp with lora.enabled is not supported: LoRA trains a small adapter "
+                "on a frozen base that fits one GPU, so use distributed.strategy: replicate (or disable lora)"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -242,6 +317,14 @@ def _all_reduce_sum(value: float) -> float:
     return float(t.item())
 
 
+def _all_reduce_max(value: int) -> int:
+    if not _distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t.item())
+
+
 def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """Sum float metrics over ranks by key (a rank without records may lack some keys)."""
     total: dict[str, float] = defaultdict(float)
@@ -296,16 +379,23 @@ def shard_by_group(records: Sequence[RolloutRecord], rank: int, world_size: int)
 
 # --- the update -----------------------------------------------------------------------------------
 def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
-    """Per-token advantages of each record: group advantage (per step+task) + counterfactual span term."""
+    """Per-token advantages of each record: group advantage (per step+task) + counterfactual span term.
+
+    Each edit's Δ is divided by its group's contrast divisor (cf_delta_scale) and clipped (cf_clip)
+    before weighting; see lemon_core.grpo.contrast_divisors.
+    """
     rewards = [r.reward.total for r in records]
     groups = [(r.step, r.task_id) for r in records]
     group_adv = batched_group_advantages(rewards, groups, std_eps=cfg.std_eps, scale=cfg.scale_rewards)
+    divisors = contrast_divisors(rewards, groups, cfg)
     out = []
-    for rec, adv in zip(records, group_adv.tolist(), strict=True):
+    for rec, adv, divisor in zip(records, group_adv.tolist(), divisors, strict=True):
         n = len(rec.completion_ids)
         edits = [(span_token_mask(rec.offsets, e.span), e.delta) for e in rec.edits if e.span[1] > e.span[0]]
         cf = (
-            counterfactual_token_advantages(n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta)
+            counterfactual_token_advantages(
+                n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta, delta_divisor=divisor, delta_clip=cfg.cf_clip
+            )
             if edits
             else None
         )
@@ -337,44 +427,48 @@ def grpo_update(
     equals the single-process step on the union of all ranks' records, however the batch is split
     over ranks and micro-batches. Metrics are likewise over all ranks' tokens. A rank with no records
     (fewer groups than ranks) still takes part in every collective and contributes zero gradient.
+
+    A sharded policy (``distributed.strategy: fsdp``) sums gradients inside FSDP's backward instead
+    of ``_all_reduce_grads``; since its forward and backward are collectives, every rank runs as many
+    micro-batches as the rank with the most, padding with a one-token micro-batch whose loss is
+    multiplied by zero (it contributes nothing, not even to the metrics).
     """
     advantages = record_advantages(records, cfg.grpo) if records else []
     total_tokens = _all_reduce_sum(float(sum(len(r.completion_ids) for r in records)))
     total_seqs = _all_reduce_sum(float(sum(1 for r in records if r.completion_ids)))
-    by_sequence = cfg.grpo.loss_aggregation == "sequence"
     model = policy.model
+    sharded = fsdp.is_sharded(model)
+    mb = cfg.optim.micro_batch_size
+    n_micro = -(-len(records) // mb)
+    if sharded:
+        n_micro = _all_reduce_max(n_micro)
+    padding = _MicroBatch([[policy.pad_id]], [[policy.pad_id]], [[0.0]], [torch.zeros(1)], 1.0)
     model.train()
     sums: dict[str, float] = defaultdict(float)
-    mb = cfg.optim.micro_batch_size
     t0 = time.perf_counter()
     for _ in range(cfg.optim.epochs_per_batch):
         optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, len(records), mb):
-            batch = records[lo : lo + mb]
-            prompts = [r.prompt_ids for r in batch]
-            completions = [r.completion_ids for r in batch]
-            temperature = batch[0].temperature
-            lp, mask = policy.logprob_tensor(prompts, completions, temperature)
-            ref = None
-            if cfg.grpo.kl_coef > 0:
-                with torch.no_grad():
-                    ref = _ref_logprobs(policy, ref_model, prompts, completions, temperature)
-            width = lp.shape[1]
-            old = _pad([r.old_logprobs for r in batch], width).to(lp.device)
-            adv = _pad(advantages[lo : lo + mb], width).to(lp.device)
-            loss, m = grpo_loss(lp, old.to(lp.dtype), ref, adv, mask, cfg.grpo, total_tokens=total_tokens)
-            if by_sequence:  # grpo_loss averages over this micro-batch's completions; reweight to all
-                loss = loss * (sum(1 for c in completions if c) / total_seqs)
-                m["loss"] = loss.item()
+        for i in range(n_micro):
+            batch = records[i * mb : (i + 1) * mb]
+            if not batch:  # FSDP only: this rank is out of records but must join the collectives
+                loss, _, _ = _micro_batch_loss(policy, ref_model, padding, cfg, total_tokens, total_seqs)
+                (loss * 0.0).backward()
+                continue
+            micro = _MicroBatch(
+                [r.prompt_ids for r in batch],
+                [r.completion_ids for r in batch],
+                [r.old_logprobs for r in batch],
+                advantages[i * mb : (i + 1) * mb],
+                batch[0].temperature,
+            )
+            loss, m, tokens = _micro_batch_loss(policy, ref_model, micro, cfg, total_tokens, total_seqs)
             loss.backward()
-            tokens = float(mask.sum())
             for k, v in m.items():
                 sums[k] += v * (tokens if k != "loss" else 1.0)
             sums["_tokens"] += tokens
-        _all_reduce_grads(model)
-        sums["grad_norm"] += float(
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-        )
+        if not sharded:
+            _all_reduce_grads(model)
+        sums["grad_norm"] += fsdp.clip_grad_norm(model, cfg.optim.max_grad_norm)
         optimizer.step()
         scheduler.step()
     model.eval()
@@ -386,6 +480,39 @@ def grpo_update(
     metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
     metrics["lr"] = scheduler.get_last_lr()[0]
     return metrics
+
+
+@dataclass
+class _MicroBatch:
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    old_logprobs: list[list[float]]
+    advantages: Sequence[torch.Tensor]
+    temperature: float
+
+
+def _micro_batch_loss(
+    policy: OrchestratorPolicy,
+    ref_model: Any,
+    micro: _MicroBatch,
+    cfg: TrainConfig,
+    total_tokens: float,
+    total_seqs: float,
+) -> tuple[torch.Tensor, dict[str, float], float]:
+    """(loss, metrics, completion tokens) of one micro-batch; the loss is scaled to the whole batch."""
+    lp, mask = policy.logprob_tensor(micro.prompts, micro.completions, micro.temperature)
+    ref = None
+    if cfg.grpo.kl_coef > 0:
+        with torch.no_grad():
+            ref = _ref_logprobs(policy, ref_model, micro.prompts, micro.completions, micro.temperature)
+    width = lp.shape[1]
+    old = _pad(micro.old_logprobs, width).to(lp.device)
+    adv = _pad(micro.advantages, width).to(lp.device)
+    loss, m = grpo_loss(lp, old.to(lp.dtype), ref, adv, mask, cfg.grpo, total_tokens=total_tokens)
+    if cfg.grpo.loss_aggregation == "sequence":  # grpo_loss averages over this micro-batch; reweight to all
+        loss = loss * (sum(1 for c in micro.completions if c) / total_seqs)
+        m["loss"] = loss.item()
+    return loss, m, float(mask.sum())
 
 
 def _ref_logprobs(
@@ -412,8 +539,10 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
         m["score"] = statistics.fmean(r.score for r in valid)
         m["tokens_per_execution"] = statistics.fmean(r.tokens for r in valid)
         m["cost"] = statistics.fmean(r.cost for r in valid)
-        m["agents/mean"] = statistics.fmean(len(r.spec["agents"]) for r in valid if r.spec)
-        agents = [a for r in valid if r.spec for a in r.spec["agents"]]
+    specs = [r.spec for r in valid if r.spec]  # records read back without their spec have none
+    if specs:
+        m["agents/mean"] = statistics.fmean(len(spec["agents"]) for spec in specs)
+        agents = [a for spec in specs for a in spec["agents"]]
         for level in levels:
             m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
     by_family: dict[str, list[float]] = defaultdict(list)
@@ -435,51 +564,84 @@ def evaluate_policy(
     cfg: TrainConfig,
     scorer: Scorer,
     seed: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> dict[str, float]:
     """Greedy spec per held-out task, executed and scored.
 
-    Returns eval/valid_rate, eval/score, eval/reward and eval/cost.
+    Returns eval/valid_rate, eval/score, eval/reward and eval/cost. With ``world_size > 1`` every rank
+    must call it (a sharded policy samples collectively): the tasks are split over ranks, each rank
+    samples the same number of prompts (a short share is padded with a task whose result is dropped
+    unexecuted), and the per-task outcomes are gathered, so every rank returns the metrics of all tasks.
     """
     if not tasks:
         return {}
+    share = list(tasks[rank::world_size])
+    per_rank = -(-len(tasks) // world_size)
+    padded = share + [tasks[0]] * (per_rank - len(share))
+    mine = _eval_outcomes(policy, padded, len(share), pool, cfg, scorer, seed)
+    outcomes = [o for part in _all_gather(mine) for o in part] if world_size > 1 else mine
+    costs = [cost for _, _, _, cost in outcomes if cost is not None]
+    return {
+        "eval/valid_rate": sum(valid for valid, _, _, _ in outcomes) / len(outcomes),
+        "eval/score": statistics.fmean(score for _, score, _, _ in outcomes),
+        "eval/reward": statistics.fmean(reward for _, _, reward, _ in outcomes),
+        "eval/cost": statistics.fmean(costs) if costs else 0.0,
+    }
+
+
+def _eval_outcomes(
+    policy: OrchestratorPolicy,
+    tasks: Sequence[Any],
+    n_real: int,
+    pool: CapacityPool,
+    cfg: TrainConfig,
+    scorer: Scorer,
+    seed: int,
+) -> list[tuple[bool, float, float, float | None]]:
+    """(valid, score, reward, cost or None) of the first ``n_real`` tasks; all of ``tasks`` are sampled."""
     prompts = [policy.prompt_ids(t.question, pool) for t in tasks]
     samples = [
         g[0]
         for g in policy.sample(
             prompts, 1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0, seed=seed
         )
-    ]
-    rewards, scores, costs, valid = [], [], [], []
-    for task, s in zip(tasks, samples, strict=True):
+    ][:n_real]
+    outcomes: list[tuple[bool, float, float, float | None]] = []
+    valid = []
+    for task, s in zip(tasks[:n_real], samples, strict=True):
         parsed, _ = parse_completion(s.text, pool)
         if parsed is not None:
             valid.append((task, parsed.spec))
         else:
-            rewards.append(compute_reward(0.0, None, cfg.reward).total)
-            scores.append(0.0)
+            outcomes.append((False, 0.0, compute_reward(0.0, None, cfg.reward).total, None))
     traces = execute_specs([sp for _, sp in valid], [t for t, _ in valid], pool, seed=seed)
     for (task, _), trace in zip(valid, traces, strict=True):
         score = scorer(trace.answer, task) if trace.ok else 0.0
-        rewards.append(compute_reward(score, trace, cfg.reward).total)
-        scores.append(score)
-        costs.append(trace.cost)
-    return {
-        "eval/valid_rate": len(valid) / len(tasks),
-        "eval/score": statistics.fmean(scores),
-        "eval/reward": statistics.fmean(rewards),
-        "eval/cost": statistics.fmean(costs) if costs else 0.0,
-    }
+        outcomes.append((True, score, compute_reward(score, trace, cfg.reward).total, trace.cost))
+    return outcomes
 
 
 # --- checkpoints ----------------------------------------------------------------------------------
 def _save_model_dir(
-    policy: OrchestratorPolicy, final: Path, extra: Callable[[Path], None] | None = None
+    policy: OrchestratorPolicy,
+    final: Path,
+    extra: Callable[[Path], None] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """save_pretrained into ``final.tmp``, then rename: ``final`` is either complete or absent."""
+    """save_pretrained into ``final.tmp``, then rename: ``final`` is either complete or absent.
+
+    ``state_dict``: the full weights to write instead of the model's own (an FSDP-sharded policy, whose
+    ``fsdp.full_state`` was gathered on this rank).
+    """
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.model.save_pretrained(tmp, safe_serialization=True)
+    if state_dict is not None:
+        policy.model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    else:
+        policy.model.save_pretrained(tmp, safe_serialization=True)
     policy.tokenizer.save_pretrained(tmp)
     if extra is not None:
         extra(tmp)
@@ -505,18 +667,22 @@ def save_checkpoint(
     sampler: EditFamilySampler,
     keep: int,
     rng_by_rank: list[tuple[torch.Tensor, Any]] | None = None,
+    full_state: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Path:
     """Write ``ckpt-N`` atomically (call on rank 0 only; nothing in here is a collective).
 
     ``rng_by_rank`` holds every rank's (torch, python) RNG state under torchrun, so each rank resumes
-    with its own generators; without it the caller's RNG state is saved.
+    with its own generators; without it the caller's RNG state is saved. ``full_state`` is (model,
+    optimizer) state gathered by ``fsdp.full_state`` for a sharded policy, written instead of the
+    policy's and optimizer's own (shards); the checkpoint is the same plain HF folder either way.
     """
+    model_state, optimizer_state = full_state if full_state is not None else (None, optimizer.state_dict())
     ckpt_dir = out / "checkpoints"
     final = ckpt_dir / f"ckpt-{step:06d}"
 
     def extra(tmp: Path) -> None:
         state = {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(),
             "rng_torch": torch.get_rng_state(),
             "rng_python": random.getstate(),
@@ -535,7 +701,7 @@ def save_checkpoint(
             )
         )
 
-    _save_model_dir(policy, final, extra)
+    _save_model_dir(policy, final, extra, state_dict=model_state)
     _write_atomic(ckpt_dir / LATEST, final.name)
     for old in sorted(ckpt_dir.glob("ckpt-*")):
         if old.name.endswith(".tmp") or old.name >= f"ckpt-{step - keep + 1:06d}" or old == final:
@@ -570,6 +736,15 @@ def sft_valid_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: C
         policy, questions, pool, samples=cfg.sft.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature, seed=cfg.seed,
     )
+
+
+def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None) -> OrchestratorPolicy:
+    """The policy at ``name_or_path`` with ``cfg``'s prompt settings (roles, format, spec_format) and
+    dtype: every stage loads it this way, so all of them prompt it exactly as it was trained."""
+    return OrchestratorPolicy.load(
+        name_or_path, device or cfg.device, resolve_dtype(cfg), cfg.include_roles, cfg.include_format,
+        cfg.spec_format,
+    )  # fmt: skip
 
 
 def resolve_dtype(cfg: TrainConfig) -> str:
@@ -671,6 +846,36 @@ class _Log:
                 fh.write(json.dumps(row) + "\n")
 
 
+def uses_fsdp(cfg: TrainConfig, world_size: int) -> bool:
+    """FSDP sharding is on: ``distributed.strategy: fsdp`` under torchrun (one process has nothing to shard)."""
+    return cfg.distributed.strategy == "fsdp" and world_size > 1
+
+
+def shard_for_training(policy: OrchestratorPolicy, ref_model: Any, cfg: TrainConfig) -> None:
+    """Shard the policy (and the frozen KL reference: a full replica per GPU would cost what sharding the
+    policy saves) with FSDP2 over all ranks; build the optimizer afterwards, on the shards."""
+    fsdp.shard_policy(policy, cfg.device, cfg.distributed.fsdp_reshard_after_forward)
+    if ref_model is not None:
+        fsdp.shard_model(ref_model, cfg.device, reshard_after_forward=True)
+
+
+def sampling(policy: OrchestratorPolicy, cfg: TrainConfig) -> AbstractContextManager[None]:
+    """Context for sampling from the policy: with FSDP the full weights stay gathered meanwhile
+    (``distributed.fsdp_gather_for_sampling``) and are resharded after; otherwise nothing."""
+    return fsdp.gathered_for_sampling(
+        policy.model, cfg.distributed.fsdp_gather_for_sampling, cfg.distributed.fsdp_reshard_after_forward
+    )
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """A checkpoint's optimizer state (``Optimizer.state_dict`` form, either strategy) into ``optimizer``;
+    for a sharded model each rank keeps its shard (every rank calls this)."""
+    if fsdp.is_sharded(model):
+        fsdp.load_optimizer_state(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
+
+
 def _merge_ranks(
     records: list[RolloutRecord],
     stats: RolloutStats,
@@ -730,13 +935,13 @@ def train(
     # 1. SFT warm-up (skipped when resuming past it) -> the reference policy.
     start_model = cfg.model
     if cfg.sft.enabled and not (resume and sft_dir.exists()):
-        policy = OrchestratorPolicy.load(cfg.model, cfg.device, dtype, cfg.include_roles, cfg.include_format)
+        policy = load_policy(cfg, cfg.model)
         questions = [
             t.question for t in eval_tasks[: cfg.sft.eval_tasks] or train_tasks[: cfg.sft.eval_tasks]
         ]
 
         result.valid_rate_before_sft = sft_valid_rate(policy, questions, pool, cfg)
-        pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed)
+        pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed, cfg.spec_format)
         sft_losses = sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed, progress=cfg.progress and is_main)
         result.valid_rate_after_sft = sft_valid_rate(policy, questions, pool, cfg)
         if is_main:
@@ -768,19 +973,19 @@ def train(
             )
 
     # 2. Policy (from the checkpoint when resuming), reference, optimizer, scheduler.
+    sharded = uses_fsdp(cfg, world_size)
+    load_device = "cpu" if sharded else cfg.device  # FSDP: only each rank's shard goes to cfg.device
     ref_model = None
     if cfg.lora.enabled:
-        policy = OrchestratorPolicy.load(
-            start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
-        )
+        policy = load_policy(cfg, start_model)
         _apply_lora(policy, cfg.lora, base=start_model, adapter=ckpt)
     else:
-        policy = OrchestratorPolicy.load(
-            str(ckpt) if ckpt else start_model, cfg.device, dtype, cfg.include_roles, cfg.include_format
-        )
+        policy = load_policy(cfg, str(ckpt) if ckpt else start_model, load_device)
         if cfg.grpo.kl_coef > 0:
-            ref_model = OrchestratorPolicy.load(start_model, cfg.device, dtype).model.eval()
+            ref_model = OrchestratorPolicy.load(start_model, load_device, dtype).model.eval()
             ref_model.requires_grad_(False)
+    if sharded:
+        shard_for_training(policy, ref_model, cfg)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     warm = cfg.optim.warmup_steps
@@ -789,7 +994,7 @@ def train(
     step = 0
     if ckpt is not None:
         state = torch.load(ckpt / "training_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(policy.model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         rng_torch, rng_python = state["rng_torch"], state["rng_python"]
         if len(state.get("rng_by_rank") or []) == world_size:  # same world size: each rank its own
@@ -799,6 +1004,11 @@ def train(
         info = json.loads((ckpt / "trainer_state.json").read_text())
         step = int(info["step"])
         sampler.mean_abs_delta = {EditFamily(k): float(v) for k, v in info["sampler"].items()}
+
+    # vLLM sampling (GPU): an engine per rank on the current weights, refreshed after every update.
+    sampler_weights = out / f"sampler-weights-rank{rank}"
+    if cfg.rollout.sampler != "transformers":
+        attach_sampler(policy, str(policy.export_weights(sampler_weights)), cfg.rollout, pool, seed=cfg.seed + rank)
 
     # 3. GRPO iterations.
     log = _Log(out / "metrics.jsonl", keep_until=step if ckpt else None, enabled=is_main)
@@ -810,21 +1020,23 @@ def train(
         step_tasks = tasks_for_step(train_tasks, step, cfg.tasks_per_iteration * world_size, cfg.seed)
         tasks = step_tasks[rank::world_size]
         sampler_before = dict(sampler.mean_abs_delta)
-        records, stats = collect_rollouts(
-            policy,
-            tasks,
-            pool,
-            cfg.rollout,
-            cfg.reward,
-            sampler,
-            step=step,
-            seed=cfg.seed * 1_000_003 + step * 7919 + rank,
-            scorer=scorer,
-        )
+        with sampling(policy, cfg):
+            records, stats = collect_rollouts(
+                policy,
+                tasks,
+                pool,
+                cfg.rollout,
+                cfg.reward,
+                sampler,
+                step=step,
+                seed=cfg.seed * 1_000_003 + step * 7919 + rank,
+                scorer=scorer,
+            )
         t_rollout = time.perf_counter() - t0
         if cfg.save_rollouts:
             write_records(records, str(out / "rollouts" / f"step-{step:06d}-rank{rank}.jsonl"))
         update = grpo_update(policy, ref_model, records, optimizer, scheduler, cfg)
+        policy.sync_sampler(sampler_weights)  # the next rollouts sample from the updated weights
         if world_size > 1:
             records, stats = _merge_ranks(records, stats, sampler, sampler_before)
         row: dict[str, Any] = {
@@ -839,16 +1051,22 @@ def train(
             "time/step_s": time.perf_counter() - t0,
         }
         iteration_times.append(row["time/step_s"])
-        if is_main and ((cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.iterations):
-            row.update(evaluate_policy(policy, eval_tasks, pool, cfg, scorer, seed=cfg.seed))
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.iterations:
+            if sharded:  # sampling is a collective: every rank evaluates its share of the tasks
+                with sampling(policy, cfg):
+                    row.update(evaluate_policy(policy, eval_tasks, pool, cfg, scorer, cfg.seed, rank=rank,
+                                               world_size=world_size))  # fmt: skip
+            elif is_main:
+                row.update(evaluate_policy(policy, eval_tasks, pool, cfg, scorer, seed=cfg.seed))
         log.write(row)
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward/mean']:.3f}", valid=f"{row['valid_rate']:.2f}")
         if step % cfg.checkpoint_every == 0 or step == cfg.iterations:
             rngs = _all_gather((torch.get_rng_state(), random.getstate())) if world_size > 1 else None
+            full = fsdp.full_state(policy.model, optimizer) if sharded else None  # a collective
             if is_main:
                 save_checkpoint(
-                    out, step, policy, optimizer, scheduler, sampler, cfg.keep_checkpoints, rngs
+                    out, step, policy, optimizer, scheduler, sampler, cfg.keep_checkpoints, rngs, full
                 )
         if world_size > 1:
             torch.distributed.barrier()
@@ -861,5 +1079,7 @@ def train(
 
         result.reward_curve = str(plot_reward_curve(log.rows, out / "reward_curve.png"))
         _write_atomic(out / "result.json", result.model_dump_json(indent=2, exclude={"metrics"}))
+    if policy.sampler is not None:
+        policy.sampler.close()
     pool.close()
     return result

@@ -101,13 +101,15 @@ def test_cache_reexecutes_only_edited_agent_and_descendants() -> None:
     assert sum(backends["large"].batches) - calls_before == 1  # a3 only (its parent's output changed)
     assert backends["small"].batches == [1]  # a2
     assert trace.agent_calls == 2 and cache.hits == 1
-    assert trace.agents[0].cost == 0.0
+    a1 = trace.agents[0]  # a cache hit is priced like a real call, so rewards do not depend on the cache
+    assert a1.cost == pytest.approx(pool.cost("large", a1.prompt_tokens, a1.completion_tokens)) and a1.cost > 0
 
 
 def test_identical_calls_in_one_batch_are_sent_once() -> None:
     pool, backends = make_pool()
-    execute_specs([cot("small")] * 4, ["same task"] * 4, pool)
+    traces = execute_specs([cot("small")] * 4, ["same task"] * 4, pool)
     assert backends["small"].batches == [1]
+    assert len({t.cost for t in traces}) == 1 and traces[0].cost > 0  # same spec, same price (reward)
 
 
 def test_failed_agent_fails_its_spec_only() -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from lemon_core.grpo import (
     GRPOConfig,
     batched_group_advantages,
+    contrast_divisors,
     counterfactual_token_advantages,
     group_advantages,
     grpo_loss,
@@ -28,6 +29,11 @@ from lemon_core.grpo import (
 def test_config_defaults_and_errors() -> None:
     cfg = GRPOConfig()
     assert (cfg.clip_eps, cfg.kl_coef, cfg.cf_coef, cfg.loss_aggregation) == (0.2, 0.04, 1.0, "token")
+    assert (cfg.cf_delta_scale, cfg.cf_clip) == ("group_std", 2.0)
+    with pytest.raises(ValidationError, match="cf_delta_scale"):
+        GRPOConfig(cf_delta_scale="batch_std")
+    with pytest.raises(ValidationError, match="cf_clip"):
+        GRPOConfig(cf_clip=0.0)
     assert cfg.eps_low == cfg.eps_high == 0.2
     assert GRPOConfig(clip_eps_high=0.28).eps_high == 0.28
     with pytest.raises(ValidationError, match="clip_eps"):
@@ -174,6 +180,78 @@ def test_counterfactual_token_advantages_by_hand() -> None:
     full = token_advantages(-1.5, 6, adv)
     assert full.tolist() == pytest.approx([-1.5, -1.5, -1.42, -1.44, -1.52, -1.5], abs=1e-6)
     assert token_advantages(0.25, 3).tolist() == [0.25] * 3
+
+
+def test_contrast_divisors_are_the_group_std_of_the_advantage() -> None:
+    # group a: [1, 0, 0, 1] std 0.5; group b: [0.3, 0.3] constant; group c: [2, 0] std 1
+    rewards = [1.0, 0.0, 0.3, 0.0, 2.0, 1.0, 0.3, 0.0]
+    ids = ["a", "a", "b", "a", "c", "a", "b", "c"]
+    cfg = GRPOConfig(cf_delta_scale="group_std", std_eps=1e-3)
+    got = contrast_divisors(rewards, ids, cfg)
+    assert got == pytest.approx([0.501, 0.501, 1.0, 0.501, 1.001, 0.501, 1.0, 1.001], abs=1e-12)
+    # the divisor is exactly the one of the group advantage: delta / divisor == A_i - A(edit)
+    adv = batched_group_advantages(rewards, ids, std_eps=1e-3)
+    assert adv[0].item() - (0.0 - 0.5) / 0.501 == pytest.approx((1.0 - 0.0) / got[0], abs=1e-6)
+    assert contrast_divisors(rewards, ids, cfg.model_copy(update={"cf_delta_scale": "none"})) == [1.0] * 8
+    assert contrast_divisors(rewards, ids, cfg.model_copy(update={"scale_rewards": False})) == [1.0] * 8
+
+
+def test_scaled_and_clipped_counterfactual_by_hand() -> None:
+    m1 = torch.tensor([False, True, True, False, False])
+    m2 = torch.tensor([False, False, False, True, False])
+    edits = [(m1, 0.3), (m2, -1.0)]
+    # divisor 0.25: 0.3 -> 1.2 ; -1.0 -> -4 -> clipped to -2.  beta 0.5: 0.5*1.2*1.2 = 0.72 ; 0.5*2*(-2) = -2
+    adv = counterfactual_token_advantages(5, edits, 0.5, delta_divisor=0.25, delta_clip=2.0)
+    assert adv.tolist() == pytest.approx([0, 0.72, 0.72, -2.0, 0], abs=1e-6)
+    linear = counterfactual_token_advantages(5, edits, 0.5, False, delta_divisor=0.25, delta_clip=2.0)
+    assert linear.tolist() == pytest.approx([0, 0.6, 0.6, -1.0, 0], abs=1e-6)
+    unclipped = counterfactual_token_advantages(5, edits, 0.5, delta_divisor=0.25)
+    assert unclipped[3].item() == pytest.approx(-8.0)
+    # tokens outside every span keep exactly the group advantage
+    full = token_advantages(-0.8, 5, adv)
+    assert full[[0, 4]].tolist() == [pytest.approx(-0.8)] * 2 and full[0].item() == torch.tensor(-0.8).item()
+    with pytest.raises(ValueError, match="delta_divisor"):
+        counterfactual_token_advantages(5, edits, 0.5, delta_divisor=0.0)
+
+
+def test_constant_group_uses_raw_delta_not_delta_over_eps() -> None:
+    """All six specs chose `large` and tied (std 0, A = 0); the downgrade edit to `medium` scored 0.3 more.
+
+    Dividing by std_eps would make that -0.3 a -3e5 push (clipped to -c for any contrast however tiny);
+    instead the constant group keeps the raw contrast: beta*|-0.3|*(-0.3) = -0.09 on the span only.
+    """
+    rewards, ids = [0.7] * 6, [0] * 6
+    cfg = GRPOConfig(cf_delta_scale="group_std", cf_clip=2.0)
+    (divisor, *_) = contrast_divisors(rewards, ids, cfg)
+    assert divisor == 1.0
+    span = torch.tensor([False, False, True, False])
+    cf = counterfactual_token_advantages(4, [(span, 0.7 - 1.0)], 1.0, delta_divisor=divisor, delta_clip=cfg.cf_clip)
+    adv = token_advantages(batched_group_advantages(rewards, ids)[0].item(), 4, cf)
+    assert adv.tolist() == pytest.approx([0.0, 0.0, -0.09, 0.0], abs=1e-6)
+    assert adv[[0, 1, 3]].tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("r_original", "r_edited"), [(0.71, 1.02), (1.07, 0.0)])
+def test_sign_end_to_end_edit_better_pushes_span_token_down(r_original: float, r_edited: float) -> None:
+    """Δ = r(original) − r(edit) < 0 (the downgrade was better) must lower p(original value) after a step,
+    Δ > 0 must raise it; the token outside the span (group advantage 0) must not move."""
+    logits = torch.zeros(2, 3, requires_grad=True)  # position 0: "capacity:", position 1: the value
+    taken = torch.tensor([0, 2])  # the completion wrote value 2 ("large")
+    opt = torch.optim.SGD([logits], lr=1.0)
+    before = torch.log_softmax(logits.detach(), -1)[[0, 1], taken]
+    logp = torch.log_softmax(logits, -1)[[0, 1], taken][None]
+    span = torch.tensor([False, True])
+    cf = counterfactual_token_advantages(2, [(span, r_original - r_edited)], 1.0, delta_divisor=0.2, delta_clip=2.0)
+    adv = token_advantages(0.0, 2, cf)[None]
+    loss, _ = grpo_loss(logp, logp.detach(), None, adv, torch.ones(1, 2), GRPOConfig(kl_coef=0.0))
+    loss.backward()
+    opt.step()
+    after = torch.log_softmax(logits.detach(), -1)[[0, 1], taken]
+    assert after[0] == before[0]
+    if r_original < r_edited:
+        assert after[1] < before[1]
+    else:
+        assert after[1] > before[1]
 
 
 def test_counterfactual_token_advantages_bad_input() -> None:

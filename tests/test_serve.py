@@ -140,6 +140,18 @@ def test_auth_must_be_configured_or_explicitly_disabled(tmp_path: Path) -> None:
 
 
 # --- orchestrate ----------------------------------------------------------------------------------
+def test_a_json_trained_orchestrator_is_prompted_for_json_and_its_spec_runs(tmp_path: Path) -> None:
+    from lemon_core.spec import parse_spec, render_spec_json
+
+    json_spec = render_spec_json(parse_spec(SPEC).spec)
+    with Harness(tmp_path, script=(json_spec,), spec_format="json") as h:
+        resp = h.post("/v1/orchestrate", {"task": "What is 40 + 2?", "benchmark": "gsm8k"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["answer"] == "[large] The answer is 42."
+        prompt = h.orchestrator.calls[0][0].messages[-1][1]
+        assert "JSON object" in prompt and "```yaml" not in prompt
+
+
 def test_orchestrate_returns_spec_trace_and_answer(tmp_path: Path) -> None:
     with Harness(tmp_path) as h:
         resp = h.post("/v1/orchestrate", {"task": "What is 40 + 2?", "benchmark": "gsm8k"})

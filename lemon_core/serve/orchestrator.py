@@ -114,7 +114,7 @@ class Orchestrator:
 
     def request(self, task: str, seed: int, temperature: float) -> GenerationRequest:
         s = self.settings
-        msgs = orchestrator_messages(task, self.pool, s.include_roles, s.include_format)
+        msgs = orchestrator_messages(task, self.pool, s.include_roles, s.include_format, s.spec_format)
         return GenerationRequest(messages=tuple((m["role"], m["content"]) for m in msgs),
                                  max_tokens=s.orchestrator_max_tokens, temperature=temperature, seed=seed)
 

@@ -41,6 +41,8 @@ class ServeSettings(BaseSettings):
     resample_temperature: float = Field(0.7, ge=0, le=2, description="the re-sample after an invalid spec")
     include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
     include_format: bool = Field(True, description="show the YAML format + example in the prompt")
+    spec_format: Literal["yaml", "json"] = Field(
+        "yaml", description="the spec form the orchestrator was trained to write (train config spec_format)")
     seed: int = 0
     # security and limits
     auth_token_file: str | None = Field(None, description="file with one bearer token per line")
