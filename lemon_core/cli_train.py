@@ -57,7 +57,10 @@ def train_command(
     Writes checkpoints atomically (kill it any time; --resume continues exactly), per-step metrics
     to OUT/metrics.jsonl and the reward curve to OUT/reward_curve.png. Multi-GPU/multi-node: launch
     `torchrun --nproc-per-node N -m lemon_core.cli_train --config ...` (each rank rolls out its share of
-    the step's tasks, gradients are all-reduced, rank 0 writes; see docs/training.md).
+    the step's tasks, gradients are all-reduced, rank 0 writes; `distributed.strategy: fsdp` shards the
+    model instead). On GPU, `rollout.sampler: vllm` samples specs with vLLM (weights reloaded after every
+    update; `spec_format: json` + `rollout.vllm.guided_json: true` for schema-guided specs). See
+    docs/training.md.
     """
     from lemon_core.train import TrainConfig, train
 
