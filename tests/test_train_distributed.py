@@ -124,6 +124,29 @@ def _train_cfg(model_dir: Path, out: Path) -> Any:
 
 
 # --- the worker (one per rank, started by torchrun) -----------------------------------------------
+def _spy_on_train(train_mod: Any) -> tuple[list[str], dict[str, Any]]:
+    """Patch ``train_mod`` (in a worker process) to record which model folders this rank writes and to
+    keep the policy of the last update: returns (writes, captured) that fill in as ``train`` runs."""
+    writes: list[str] = []
+    captured: dict[str, Any] = {}
+    save_ckpt, save_dir, update = train_mod.save_checkpoint, train_mod._save_model_dir, train_mod.grpo_update
+
+    def spy_ckpt(out: Path, step: int, *a: Any, **k: Any) -> Path:
+        writes.append(f"ckpt-{step}")
+        return save_ckpt(out, step, *a, **k)
+
+    def spy_dir(policy: Any, final: Path, *a: Any, **k: Any) -> None:
+        writes.append(final.name)
+        save_dir(policy, final, *a, **k)
+
+    def keep_policy(policy: Any, *a: Any, **k: Any) -> dict[str, float]:
+        captured["policy"] = policy
+        return update(policy, *a, **k)
+
+    train_mod.save_checkpoint, train_mod._save_model_dir, train_mod.grpo_update = spy_ckpt, spy_dir, keep_policy
+    return writes, captured
+
+
 def _worker(work: Path) -> None:
     import lemon_core.train as train_mod
     from lemon_core.rollout import read_records
@@ -141,26 +164,7 @@ def _worker(work: Path) -> None:
                 "one_group": one_group}, work / f"update-rank{rank}.pt")  # fmt: skip
 
     # (2) train() end to end, recording who writes model folders
-    writes: list[str] = []
-    save_ckpt, save_dir = train_mod.save_checkpoint, train_mod._save_model_dir
-
-    def spy_ckpt(out: Path, step: int, *a: Any, **k: Any) -> Path:
-        writes.append(f"ckpt-{step}")
-        return save_ckpt(out, step, *a, **k)
-
-    def spy_dir(policy: Any, final: Path, *a: Any, **k: Any) -> None:
-        writes.append(final.name)
-        save_dir(policy, final, *a, **k)
-
-    train_mod.save_checkpoint, train_mod._save_model_dir = spy_ckpt, spy_dir
-    captured: dict[str, Any] = {}
-    update = train_mod.grpo_update
-
-    def keep_policy(policy: Any, *a: Any, **k: Any) -> dict[str, float]:
-        captured["policy"] = policy
-        return update(policy, *a, **k)
-
-    train_mod.grpo_update = keep_policy
+    writes, captured = _spy_on_train(train_mod)
     rollouts = train_mod.collect_rollouts
 
     def keep_sampler(*a: Any, **k: Any) -> Any:
@@ -186,13 +190,14 @@ def _worker(work: Path) -> None:
 
 
 # --- the test -------------------------------------------------------------------------------------
-def _torchrun(work: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _torchrun(work: Path, timeout: float = 120, script: str = __file__) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as 2 gloo ranks on loopback (its ``__main__`` is the worker), failing on a hang."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMON_", "PET_", "TORCHELASTIC_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     if Path("/sys/class/net/lo").exists():
         env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "0", str(Path(__file__).resolve()), str(work)]  # fmt: skip
+           "--max-restarts", "0", str(Path(script).resolve()), str(work)]  # fmt: skip
     try:
         return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:

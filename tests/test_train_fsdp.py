@@ -22,7 +22,6 @@ compares what the ranks wrote against single-process runs in the test itself:
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -35,7 +34,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_train_distributed import _batch, _tasks, _train_cfg  # noqa: E402
+from test_train_distributed import _batch, _spy_on_train, _tasks, _train_cfg  # noqa: E402
+from test_train_distributed import _torchrun as _torchrun_script  # noqa: E402
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,26 +151,7 @@ def _worker(work: Path) -> None:
     torch.save({"plain": plain, **sampled}, work / f"sample-rank{rank}.pt")
 
     # (3) train() under FSDP, recording who writes model folders and what the ranks hold
-    writes: list[str] = []
-    save_ckpt, save_dir = train_mod.save_checkpoint, train_mod._save_model_dir
-
-    def spy_ckpt(out: Path, step: int, *a: Any, **k: Any) -> Path:
-        writes.append(f"ckpt-{step}")
-        return save_ckpt(out, step, *a, **k)
-
-    def spy_dir(policy: Any, final: Path, *a: Any, **k: Any) -> None:
-        writes.append(final.name)
-        save_dir(policy, final, *a, **k)
-
-    train_mod.save_checkpoint, train_mod._save_model_dir = spy_ckpt, spy_dir
-    captured: dict[str, Any] = {}
-    update = train_mod.grpo_update
-
-    def keep_policy(policy: Any, *a: Any, **k: Any) -> dict[str, float]:
-        captured["policy"] = policy
-        return update(policy, *a, **k)
-
-    train_mod.grpo_update = keep_policy
+    writes, captured = _spy_on_train(train_mod)
     tasks = _tasks()
     examples = (tasks[:6], tasks[6:])
 
@@ -200,16 +181,7 @@ def _worker(work: Path) -> None:
 
 # --- the test -------------------------------------------------------------------------------------
 def _torchrun(work: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LEMON_", "PET_", "TORCHELASTIC_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "0", str(Path(__file__).resolve()), str(work)]  # fmt: skip
-    try:
-        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {timeout} s (a rank hung?):\n{(e.stderr or '')[-3000:]}")
+    return _torchrun_script(work, timeout, script=__file__)
 
 
 def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], scale: float) -> None:
