@@ -1,13 +1,26 @@
-"""Evaluation report: accuracy-vs-cost Pareto plot, a self-contained HTML page and a Markdown summary.
+"""Evaluation report: does the trained orchestrator beat the baselines, at what cost, and what did it choose?
 
-The HTML embeds every plot as a base64 PNG and every table inline, so it is one file: the Kubeflow UI
-shows it through kfp's HTML artifact, and a person can mail it around. The Markdown is the short
-version for the UI's Markdown viewer, a CI log or an issue comment.
+``write_report`` writes three files: ``pareto.png`` (accuracy vs cost per benchmark, 95% intervals as
+error bars), ``report.html`` and ``report.md``. The HTML answers the question in order:
 
-Rows are evaluation summaries (``lemon_core.evaluate.EvalSummary`` or the same fields as a dict):
-benchmark, method, n, accuracy, mean_cost_usd, mean_tokens, mean_latency_s, failures. A method is on
-the Pareto front of a benchmark when no other method is at least as accurate *and* at most as costly
-with one of the two strictly better.
+1. one line per (benchmark, orchestrator): accuracy and valid-spec rate with 95% intervals, next to the
+   best baseline of the same run;
+2. the results table (every method, with intervals), the Pareto plot and any extra plots (reward curve);
+3. SFT-only vs trained side by side, when both were evaluated;
+4. what the orchestrator chose per benchmark: capacity levels, agent counts, topologies;
+5. a gallery of example tasks: the spec picture, the score, each agent's output (collapsible).
+
+The page is one self-contained file: plots are base64 PNGs, spec pictures base64 SVGs, styles inline,
+no script and no network. That is what the Kubeflow UI's HTML viewer needs (it shows the file in a
+sandboxed ``srcdoc`` iframe) and what survives being mailed around. The Markdown is the short version
+for the UI's Markdown viewer, a CI log or an issue comment.
+
+Rows are evaluation summaries (``lemon_core.evaluate.EvalSummary`` or ``summary.json`` contents).
+Fields added later (``valid_rate``, ``invalid``, ``accuracy_ci_low/high``, ``truncated_answers``,
+``sandbox_mode``) are read with defaults, so old summaries still render. Traces are ``traces.jsonl``
+records (``lemon_core.evaluate``): per example ``spec`` (null when the orchestrator's output was
+invalid), ``score``, ``error`` and per-agent outputs. A method is on the Pareto front of a benchmark
+when no other method is at least as accurate *and* at most as costly with one of the two strictly better.
 """
 
 from __future__ import annotations
@@ -15,26 +28,52 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+ORCHESTRATOR = "lemon"  # the trained orchestrator's method name (lemon_core.stages.ORCHESTRATOR)
+SFT_ONLY = f"{ORCHESTRATOR}-sft"  # the SFT-only orchestrator, evaluated for comparison
 COLUMNS = (
     "benchmark",
     "method",
     "n",
     "accuracy",
+    "accuracy 95% CI",
+    "valid_rate",
+    "invalid",
     "mean_cost_usd",
     "mean_tokens",
     "mean_latency_s",
     "failures",
+    "truncated_answers",
 )
+Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
+
+
+def is_orchestrator(method: str) -> bool:
+    """The trained orchestrator ('lemon') and its variants ('lemon-sft', ...) write their own specs."""
+    return method == ORCHESTRATOR or method.startswith(ORCHESTRATOR + "-")
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a rate (Wilson 1927): unlike the normal approximation it stays
+    inside [0, 1] and is sensible at n=10 and at rates of 0 or 1, which small eval slices produce."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def as_rows(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Summaries as dicts, checked for the fields the report reads."""
+    """Summaries as dicts, checked for the fields the report reads, with later fields defaulted."""
     rows = [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in summaries]
     for i, row in enumerate(rows):
         missing = [c for c in ("benchmark", "method", "accuracy", "mean_cost_usd") if c not in row]
@@ -42,7 +81,24 @@ def as_rows(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> list[dict[str
             raise ValueError(
                 f"summary {i} lacks {missing}; pass EvalSummary objects or summary.json contents"
             )
-    return rows
+    return [_with_defaults(row) for row in rows]
+
+
+def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
+    """Fill the interval and valid-rate fields old summaries lack (baselines are always valid;
+    old orchestrator summaries counted invalid outputs in ``invalid_specs``)."""
+    n = int(row.get("n") or 0)
+    acc = float(row["accuracy"])
+    if row.get("accuracy_ci_low") is None or row.get("accuracy_ci_high") is None:
+        row["accuracy_ci_low"], row["accuracy_ci_high"] = wilson_interval(acc * n, n)
+    if row.get("valid_rate") is None:
+        invalid = row.get("invalid", row.get("invalid_specs", 0)) or 0
+        row["valid_rate"] = 1.0 - invalid / n if n else 1.0
+    if row.get("invalid") is None:
+        row["invalid"] = round((1.0 - float(row["valid_rate"])) * n)
+    row["valid_ci_low"], row["valid_ci_high"] = wilson_interval(float(row["valid_rate"]) * n, n)
+    row["accuracy 95% CI"] = (row["accuracy_ci_low"], row["accuracy_ci_high"])
+    return row
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -68,7 +124,8 @@ def _by_benchmark(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
 
 
 def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
-    """PNG bytes: one panel per benchmark, accuracy vs mean cost per example, front drawn as a line."""
+    """PNG bytes: one panel per benchmark, accuracy (with its 95% interval as an error bar) vs mean cost
+    per example, the front drawn as a dashed line; orchestrators are stars, baselines dots."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +136,10 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
     for ax, (bench, rows) in zip(axes[0], sorted(groups.items()), strict=False):
         points = [(float(r["mean_cost_usd"]), float(r["accuracy"])) for r in rows]
         for (cost, acc), row in zip(points, rows, strict=True):
-            ax.scatter(cost, acc, s=36)
+            orch = is_orchestrator(str(row["method"]))
+            yerr = [[acc - row["accuracy_ci_low"]], [row["accuracy_ci_high"] - acc]]
+            ax.errorbar(cost, acc, yerr=yerr, fmt="*" if orch else "o", ms=11 if orch else 6, capsize=3,
+                        color="#c0392b" if orch else None, lw=1)
             ax.annotate(
                 str(row["method"]), (cost, acc), textcoords="offset points", xytext=(4, 4), fontsize=8
             )
@@ -89,7 +149,7 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
         )
         ax.set_title(bench)
         ax.set_xlabel("mean cost per example (USD)")
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel("accuracy (bars: 95% interval)")
         ax.set_ylim(-0.05, 1.05)
         ax.margins(x=0.2)  # room for the method labels written to the right of each point
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
@@ -102,9 +162,11 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2:
+        return f"[{_fmt(float(value[0]))}, {_fmt(float(value[1]))}]"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:.3f}"
-    return str(value)
+    return "" if value is None else str(value)
 
 
 def _front_labels(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -115,27 +177,233 @@ def _front_labels(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return labels
 
 
+def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["benchmark"], -float(r["accuracy"])))
+
+
+# --- the headline: each orchestrator against the best baseline -----------------------------------------
+def headlines(rows: list[dict[str, Any]]) -> list[str]:
+    """One sentence per (benchmark, orchestrator): its accuracy and valid rate with intervals, and the
+    most accurate baseline of the same run with its interval and cost."""
+    lines = []
+    for bench, group in sorted(_by_benchmark(rows).items()):
+        baselines = [r for r in group if not is_orchestrator(str(r["method"]))]
+        best = max(baselines, key=lambda r: (float(r["accuracy"]), -float(r["mean_cost_usd"])), default=None)
+        for row in sorted((r for r in group if is_orchestrator(str(r["method"]))), key=lambda r: str(r["method"])):
+            text = (
+                f"{bench}: {row['method']} accuracy {_fmt(float(row['accuracy']))} "
+                f"{_fmt(row['accuracy 95% CI'])} (n={row.get('n', '?')}), valid specs "
+                f"{_fmt(float(row['valid_rate']))} {_fmt((row['valid_ci_low'], row['valid_ci_high']))}, "
+                f"cost ${_fmt(float(row['mean_cost_usd']))}/example"
+            )
+            if best is not None:
+                text += (
+                    f"; best baseline {best['method']} {_fmt(float(best['accuracy']))} "
+                    f"{_fmt(best['accuracy 95% CI'])} at ${_fmt(float(best['mean_cost_usd']))}/example"
+                )
+            lines.append(text)
+    return lines
+
+
+# --- what the orchestrator chose ------------------------------------------------------------------------
+def choice_stats(records: Sequence[Mapping[str, Any]], levels: Sequence[str] | None = None) -> dict[str, Any]:
+    """Over the valid specs of one (benchmark, method): the share of agents at each capacity level, the
+    distribution of agent counts and of topologies, and how many outputs were invalid (no spec)."""
+    from lemon_core.spec_picture import topology
+
+    specs = [r["spec"] for r in records if r.get("spec")]
+    agents = [a for s in specs for a in s["agents"]]
+    capacity = Counter(a["capacity"] for a in agents)
+    order = list(levels or []) + sorted(c for c in capacity if c not in (levels or []))
+    return {
+        "examples": len(records),
+        "invalid": len(records) - len(specs),
+        "capacity_share": {lv: capacity[lv] / len(agents) for lv in order if agents},
+        "agent_counts": dict(sorted(Counter(len(s["agents"]) for s in specs).items())),
+        "mean_agents": sum(len(s["agents"]) for s in specs) / len(specs) if specs else None,
+        "topologies": dict(Counter(topology(s) for s in specs).most_common()),
+    }
+
+
+def _shares(counts: Mapping[Any, float], total: float | None = None) -> str:
+    total = total if total is not None else sum(counts.values())
+    if not total:
+        return "-"
+    return " \u00b7 ".join(f"{k}: {100 * v / total:.0f}%" for k, v in counts.items())
+
+
+def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The 'what the orchestrator chose' table: one row per (benchmark, orchestrator method)."""
+    out = []
+    for (bench, method), records in sorted(traces.items()):
+        if not is_orchestrator(method):
+            continue
+        st = choice_stats(records, levels)
+        out.append({
+            "benchmark": bench,
+            "method": method,
+            "valid specs": f"{st['examples'] - st['invalid']}/{st['examples']}",
+            "capacity levels (share of agents)": _shares(st["capacity_share"], 1.0),
+            "agents per spec": _shares(st["agent_counts"]),
+            "mean agents": st["mean_agents"],
+            "topologies": _shares(st["topologies"]),
+        })
+    return out
+
+
+def sft_vs_trained(rows: list[dict[str, Any]], traces: Traces | None = None,
+                   levels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per benchmark where both were evaluated: SFT-only and trained orchestrator side by side."""
+    out: list[dict[str, Any]] = []
+    for bench, group in sorted(_by_benchmark(rows).items()):
+        by_method = {r["method"]: r for r in group}
+        if SFT_ONLY not in by_method or ORCHESTRATOR not in by_method:
+            continue
+        sft, trained = by_method[SFT_ONLY], by_method[ORCHESTRATOR]
+        metrics: list[tuple[str, Any, Any, bool]] = [
+            ("accuracy", sft["accuracy"], trained["accuracy"], True),
+            ("accuracy 95% CI", sft["accuracy 95% CI"], trained["accuracy 95% CI"], False),
+            ("valid_rate", sft["valid_rate"], trained["valid_rate"], True),
+            ("mean_cost_usd", sft["mean_cost_usd"], trained["mean_cost_usd"], True),
+            ("mean_tokens", sft.get("mean_tokens"), trained.get("mean_tokens"), True),
+        ]
+        if traces and (bench, SFT_ONLY) in traces and (bench, ORCHESTRATOR) in traces:
+            a, b = choice_stats(traces[bench, SFT_ONLY], levels), choice_stats(traces[bench, ORCHESTRATOR], levels)
+            metrics.append(("mean agents", a["mean_agents"], b["mean_agents"], True))
+            for lv in dict.fromkeys([*a["capacity_share"], *b["capacity_share"]]):
+                metrics.append((f"share of {lv} agents", a["capacity_share"].get(lv, 0.0),
+                                b["capacity_share"].get(lv, 0.0), True))
+        for name, before, after, numeric in metrics:
+            change = float(after) - float(before) if numeric and before is not None and after is not None else None
+            out.append({"benchmark": bench, "metric": name, SFT_ONLY: before, ORCHESTRATOR: after,
+                        "change": None if change is None else f"{change:+.3g}"})
+    return out
+
+
+# --- the gallery ----------------------------------------------------------------------------------------
+def pick_examples(records: Sequence[Mapping[str, Any]], k: int = 3) -> list[Mapping[str, Any]]:
+    """Up to ``k`` examples worth looking at: the first correct one, the first wrong one, the first
+    invalid one (no spec), then the next ones in file order."""
+    kinds = (
+        lambda r: r.get("spec") and float(r.get("score") or 0) >= 1.0,
+        lambda r: r.get("spec") and float(r.get("score") or 0) < 1.0,
+        lambda r: not r.get("spec"),
+    )
+    chosen: list[int] = []
+    for kind in kinds:
+        first = next((i for i, r in enumerate(records) if kind(r) and i not in chosen), None)
+        if first is not None:
+            chosen.append(first)
+    chosen += [i for i in range(len(records)) if i not in chosen]
+    return [records[i] for i in sorted(chosen[:k])]
+
+
+def _spec_picture_html(spec: Mapping[str, Any], levels: Sequence[str] | None, label: str) -> str:
+    """The spec as an inline base64 SVG image; the text tree when Graphviz is not installed."""
+    from lemon_core.spec_picture import SpecPictureError, spec_svg, spec_text
+
+    try:
+        svg = spec_svg(spec, levels)
+    except SpecPictureError as exc:
+        return (f"<p class='note'>{html.escape(str(exc))}</p>"
+                f"<pre class='spec-text'>{html.escape(spec_text(spec))}</pre>")
+    data = base64.b64encode(svg.encode()).decode("ascii")
+    return f"<img class='spec' alt='{html.escape(label)}' src='data:image/svg+xml;base64,{data}'>"
+
+
+def _agent_html(agent: Mapping[str, Any], spec_agent: Mapping[str, Any] | None) -> str:
+    esc = html.escape
+    role = spec_agent["role"] if spec_agent else ""
+    tokens = int(agent.get("prompt_tokens") or 0) + int(agent.get("completion_tokens") or 0)
+    flags = "".join(f" \u00b7 {f}" for f, on in (("cached", agent.get("cached")), ("error", agent.get("error"))) if on)
+    summary = (f"{esc(str(agent.get('agent_id', '?')))} \u00b7 {esc(role)} ({esc(str(agent.get('capacity', '')))})"
+               f" \u2014 {tokens} tokens, ${_fmt(float(agent.get('cost') or 0.0))}{flags}")
+    body = f"<p class='duty'>duty: {esc(spec_agent['duty'])}</p>" if spec_agent else ""
+    if agent.get("error"):
+        body += f"<p class='err'>{esc(str(agent['error']))}</p>"
+    body += f"<pre>{esc(str(agent.get('output') or ''))}</pre>"
+    return f"<details class='agent'><summary>{summary}</summary>{body}</details>"
+
+
+def example_html(record: Mapping[str, Any], bench: str, method: str, levels: Sequence[str] | None) -> str:
+    """One gallery card: the task, the score, prediction vs gold, the spec picture, each agent's output."""
+    esc = html.escape
+    score = float(record.get("score") or 0.0)
+    verdict = "correct" if score >= 1.0 else "wrong" if record.get("spec") else "invalid spec"
+    parts = [
+        "<div class='example'>",
+        f"<h3>{esc(bench)} / {esc(method)} \u00b7 example {esc(str(record.get('id', '?')))} \u00b7 "
+        f"<span class='{verdict.split()[0]}'>score {_fmt(score)} ({verdict})</span></h3>",
+        f"<details><summary>task: {esc(_clip(str(record.get('task', '')), 160))}</summary>"
+        f"<pre>{esc(str(record.get('task', '')))}</pre></details>",
+        f"<p>prediction <code>{esc(str(record.get('prediction')))}</code> \u00b7 gold "
+        f"<code>{esc(str(record.get('gold')))}</code> \u00b7 cost ${_fmt(float(record.get('cost') or 0.0))}"
+        f" \u00b7 {int(record.get('tokens') or 0)} tokens</p>",
+    ]
+    if record.get("error"):
+        parts.append(f"<p class='err'>error: {esc(str(record['error']))}</p>")
+    spec = record.get("spec")
+    if spec:
+        parts.append(_spec_picture_html(spec, levels, f"spec of {bench} example {record.get('id', '?')}"))
+        by_id = {a["id"]: a for a in spec["agents"]}
+        parts += [_agent_html(a, by_id.get(a.get("agent_id"))) for a in record.get("agents") or []]
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+# --- rendering ------------------------------------------------------------------------------------------
 def render_markdown(
     summaries: Sequence[BaseModel | Mapping[str, Any]],
     *,
     title: str = "lemon evaluation",
     notes: Sequence[str] = (),
 ) -> str:
-    """A Markdown table of every (benchmark, method) row; Pareto-optimal rows are marked with *."""
+    """The headline sentences and a Markdown table of every (benchmark, method) row; Pareto-optimal
+    rows are marked with *."""
     rows = as_rows(summaries)
     front = _front_labels(rows)
+    heads = headlines(rows)
     lines = [
         f"# {title}",
         "",
         *[f"- {n}" for n in notes],
         *([""] if notes else []),
+        *[f"**{h}**" for h in heads],
+        *([""] if heads else []),
         "| " + " | ".join(COLUMNS) + " | pareto |",
         "|" + "---|" * (len(COLUMNS) + 1),
     ]
-    for row in sorted(rows, key=lambda r: (r["benchmark"], -float(r["accuracy"]))):
+    for row in _sorted(rows):
         on_front = "*" if (row["benchmark"], str(row["method"])) in front else ""
         lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in COLUMNS) + f" | {on_front} |")
     return "\n".join(lines) + "\n"
+
+
+STYLE = (
+    "body{font-family:sans-serif;margin:2em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    "th{background:#f4f4f4}tr.orch td{background:#fff4e5;font-weight:bold}img{max-width:100%}"
+    "p.headline{font-size:1.1em;font-weight:bold}.note{color:#8a5a00}"
+    ".example{border:1px solid #ddd;border-radius:6px;padding:0.5em 1em;margin:1em 0}"
+    ".example img.spec{display:block;max-height:480px;margin:0.5em 0}"
+    "span.correct{color:#1e7b34}span.wrong{color:#b03a2e}span.invalid{color:#8a5a00}"
+    "details{margin:0.3em 0}summary{cursor:pointer}pre{white-space:pre-wrap;background:#f8f8f8;padding:0.5em}"
+    ".err{color:#b03a2e}.duty{font-style:italic;color:#555}"
+)
+
+
+def _table(name: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    esc = html.escape
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    parts = [f"<h2>{esc(name)}</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"]
+    parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
+    parts.append("</table>")
+    return parts
 
 
 def render_html(
@@ -145,41 +413,65 @@ def render_html(
     title: str = "lemon evaluation",
     notes: Sequence[str] = (),
     tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    traces: Traces | None = None,
+    levels: Sequence[str] | None = None,
+    gallery_size: int = 3,
 ) -> str:
-    """One self-contained HTML page: notes, the summary table, extra tables, plots as base64 PNGs."""
+    """One self-contained HTML page (see the module doc for its sections); ``images`` are PNGs."""
     rows = as_rows(summaries)
     front = _front_labels(rows)
     esc = html.escape
     head = "".join(f"<th>{esc(c)}</th>" for c in (*COLUMNS, "pareto"))
     body = "".join(
-        "<tr>"
+        ("<tr class='orch'>" if is_orchestrator(str(row["method"])) else "<tr>")
         + "".join(f"<td>{esc(_fmt(row.get(c, '')))}</td>" for c in COLUMNS)
         + f"<td>{'&#9733;' if (row['benchmark'], str(row['method'])) in front else ''}</td></tr>"
-        for row in sorted(rows, key=lambda r: (r["benchmark"], -float(r["accuracy"])))
+        for row in _sorted(rows)
     )
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>{esc(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
-        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
-        "text-align:right}th{background:#f4f4f4}img{max-width:100%}</style></head><body>",
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         *(f"<p>{esc(n)}</p>" for n in notes),
+        *(f"<p class='headline'>{esc(h)}</p>" for h in headlines(rows)),
         f"<h2>Results</h2><table><tr>{head}</tr>{body}</table>",
+        "<p>accuracy 95% CI: Wilson interval over the n examples; valid_rate: share of examples whose "
+        "orchestrator output parsed and validated (an invalid one scores 0); &#9733;: on the "
+        "accuracy-vs-cost Pareto front of its benchmark.</p>",
     ]
-    for name, extra in (tables or {}).items():
-        cols = list(dict.fromkeys(k for r in extra for k in r))
-        parts.append(
-            f"<h2>{esc(name)}</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-        )
-        parts += [
-            "<tr>" + "".join(f"<td>{esc(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in extra
-        ]
-        parts.append("</table>")
     for name, png in images.items():
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<h2>{esc(name)}</h2><img alt='{esc(name)}' src='data:image/png;base64,{data}'>")
+    side_by_side = sft_vs_trained(rows, traces, levels)
+    if side_by_side:
+        parts += _table("SFT-only vs trained orchestrator", side_by_side)
+    chosen = choice_rows(traces or {}, levels)
+    if chosen:
+        parts += _table("What the orchestrator chose", chosen)
+    for name, extra in (tables or {}).items():
+        parts += _table(name, extra)
+    gallery = [
+        example_html(record, bench, method, levels)
+        for (bench, method), records in sorted((traces or {}).items())
+        if is_orchestrator(method)
+        for record in pick_examples(records, gallery_size)
+    ]
+    if gallery:
+        parts += ["<h2>Example tasks</h2>", *gallery]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def read_traces(path: Path) -> list[dict[str, Any]]:
+    """Records of a ``traces.jsonl`` (one JSON object a line; blank lines skipped)."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path} line {i} is not JSON ({exc.msg}); rewrite or drop that line") from None
+    return rows
 
 
 def write_report(
@@ -190,10 +482,15 @@ def write_report(
     notes: Sequence[str] = (),
     extra_images: Mapping[str, Path | bytes] | None = None,
     tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    traces: Traces | None = None,
+    levels: Sequence[str] | None = None,
+    gallery_size: int = 3,
 ) -> dict[str, Path]:
     """Write pareto.png, report.html and report.md under ``out_dir``; returns their paths.
 
     ``extra_images`` (title -> PNG path or bytes; e.g. the reward curve) are embedded after the Pareto plot.
+    ``traces`` ((benchmark, method) -> traces.jsonl records) feed the orchestrator's choices and the
+    gallery; ``levels`` (the pool's level names, cheapest first) order capacity tables and colours.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     pareto = plot_pareto(summaries)
@@ -205,10 +502,10 @@ def write_report(
         "html": out_dir / "report.html",
         "markdown": out_dir / "report.md",
     }
+    page = render_html(summaries, images=images, title=title, notes=notes, tables=tables, traces=traces,
+                       levels=levels, gallery_size=gallery_size)
     _atomic_write(paths["pareto"], pareto)
-    _atomic_write(
-        paths["html"], render_html(summaries, images=images, title=title, notes=notes, tables=tables).encode()
-    )
+    _atomic_write(paths["html"], page.encode())
     _atomic_write(paths["markdown"], render_markdown(summaries, title=title, notes=notes).encode())
     return paths
 

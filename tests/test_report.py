@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from lemon_core.report import pareto_front, render_markdown, write_report
+from lemon_core.baselines import chain, cot
+from lemon_core.executor import AgentTrace, Trace
+from lemon_core.report import (
+    as_rows,
+    choice_stats,
+    pareto_front,
+    pick_examples,
+    plot_pareto,
+    read_traces,
+    render_html,
+    render_markdown,
+    sft_vs_trained,
+    wilson_interval,
+    write_report,
+)
+from lemon_core.spec import AgentSpec, OrchestrationSpec
 
 ROWS = [
     {
@@ -90,3 +107,173 @@ def test_write_report(tmp_path: Path) -> None:
 def test_bad_rows_name_the_missing_field() -> None:
     with pytest.raises(ValueError, match="mean_cost_usd"):
         render_markdown([{"benchmark": "x", "method": "y", "accuracy": 1.0}])
+
+
+# --- the full report: intervals, the orchestrator's choices, SFT vs trained, the gallery ----------------
+FOUR_AGENTS = OrchestrationSpec(
+    agents=[
+        AgentSpec(id="plan", role="Arithmetic planner", base_role="planner", duty="Number the steps.",
+                  capacity="small"),
+        AgentSpec(id="solve_a", role="Careful calculator", base_role="solver", duty="Do the steps.",
+                  capacity="medium", depends_on=["plan"]),
+        AgentSpec(id="solve_b", role="Backwards solver", base_role="solver", duty="Solve from the question.",
+                  capacity="small", depends_on=["plan"]),
+        AgentSpec(id="check", role="Answer checker", base_role="verifier", duty="Check both; state the number.",
+                  capacity="large", depends_on=["solve_a", "solve_b"]),
+    ],
+    output="check",
+)
+LEVELS = ["small", "medium", "large"]
+
+
+def trace_record(i: int, spec: OrchestrationSpec | None, score: float, output: str = "42") -> dict:
+    """A traces.jsonl record as lemon_core.evaluate writes it (Trace.to_dict plus the scoring fields)."""
+    task = f"Question {i}: Sam has 40 apples and buys 2 more. How many apples now?"
+    if spec is None:
+        return {"id": f"q{i}", "gold": "42", "prediction": None, "score": 0.0, "agent_calls": 0, "tokens": 0,
+                "task": task, "spec": None, "answer": "", "error": "spec invalid: field 'output': unknown agent",
+                "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0, "latency_s": 0.0, "agents": []}
+    trace = Trace(spec=spec, task=task, answer=output)
+    for a in spec.agents:
+        trace.agents.append(AgentTrace(a.id, a.capacity, "system", "prompt", output=f"{a.id} says {output}",
+                                       prompt_tokens=30, completion_tokens=10, cost=1e-6, latency_s=0.1))
+    return {"id": f"q{i}", "gold": "42", "prediction": output, "score": score, "agent_calls": len(spec.agents),
+            "tokens": trace.tokens, **trace.to_dict()}
+
+
+def demo_run() -> tuple[list[dict], dict[tuple[str, str], list[dict]]]:
+    """Summaries and traces of a small run: trained and SFT-only orchestrators next to cot and sc."""
+    trained = [trace_record(0, FOUR_AGENTS, 1.0), trace_record(1, cot("small"), 0.0, output="41"),
+               trace_record(2, None, 0.0), trace_record(3, FOUR_AGENTS, 1.0, output="<script>alert(1)</script>")]
+    sft = [trace_record(0, cot("large"), 1.0), trace_record(1, None, 0.0), trace_record(2, None, 0.0),
+           trace_record(3, chain("medium"), 0.0)]
+    rows = [
+        {**ROWS[0], "n": 4, "accuracy": 0.5},
+        {**ROWS[1], "n": 4, "accuracy": 0.5},
+        {"benchmark": "gsm8k", "method": "lemon", "n": 4, "accuracy": 0.5, "mean_cost_usd": 3e-6,
+         "mean_tokens": 120.0, "mean_latency_s": 0.3, "failures": 1, "valid_rate": 0.75, "invalid": 1,
+         "accuracy_ci_low": 0.15, "accuracy_ci_high": 0.85, "truncated_answers": 0, "sandbox_mode": None},
+        {"benchmark": "gsm8k", "method": "lemon-sft", "n": 4, "accuracy": 0.25, "mean_cost_usd": 1e-6,
+         "mean_tokens": 60.0, "mean_latency_s": 0.2, "failures": 2, "invalid_specs": 2},
+    ]
+    return rows, {("gsm8k", "lemon"): trained, ("gsm8k", "lemon-sft"): sft}
+
+
+def test_wilson_interval_by_hand() -> None:
+    # Wilson (1927) with z=1.96: 5/10 -> [0.2366, 0.7634]; 0/10 -> [0, 0.2775]; 10/10 -> [0.7225, 1]
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_old_summaries_get_intervals_and_valid_rates() -> None:
+    rows, _ = demo_run()
+    cot_row, _, lemon, sft = as_rows(rows)
+    assert cot_row["valid_rate"] == 1.0 and cot_row["invalid"] == 0, "a baseline spec is always valid"
+    assert (cot_row["accuracy_ci_low"], cot_row["accuracy_ci_high"]) == pytest.approx(wilson_interval(2, 4))
+    assert (lemon["accuracy_ci_low"], lemon["accuracy_ci_high"]) == (0.15, 0.85), "given intervals are kept"
+    assert sft["valid_rate"] == 0.5 and sft["invalid"] == 2, "old orchestrator rows counted invalid_specs"
+
+
+def test_choice_stats_count_levels_agents_and_topologies() -> None:
+    _, traces = demo_run()
+    st = choice_stats(traces["gsm8k", "lemon"], LEVELS)
+    # valid specs: FOUR_AGENTS twice (small, medium, small, large) and cot(small): 9 agents
+    assert st["examples"] == 4 and st["invalid"] == 1
+    assert st["capacity_share"] == pytest.approx({"small": 5 / 9, "medium": 2 / 9, "large": 2 / 9})
+    assert st["agent_counts"] == {1: 1, 4: 2}
+    assert st["mean_agents"] == pytest.approx(3.0)
+    assert st["topologies"] == {"diamond": 2, "single": 1}
+    empty = choice_stats([trace_record(0, None, 0.0)])
+    assert empty["invalid"] == 1 and empty["mean_agents"] is None and empty["capacity_share"] == {}
+
+
+def test_pick_examples_shows_a_correct_a_wrong_and_an_invalid_one() -> None:
+    _, traces = demo_run()
+    picked = pick_examples(traces["gsm8k", "lemon"], 3)
+    assert [r["id"] for r in picked] == ["q0", "q1", "q2"]
+    assert [r["id"] for r in pick_examples(traces["gsm8k", "lemon"], 4)] == ["q0", "q1", "q2", "q3"]
+    # SFT: q0 correct, q3 wrong (valid spec, score 0), q1 invalid: a correct and a wrong one come first
+    assert [r["id"] for r in pick_examples(traces["gsm8k", "lemon-sft"], 2)] == ["q0", "q3"]
+
+
+def test_sft_vs_trained_side_by_side() -> None:
+    rows, traces = demo_run()
+    table = {r["metric"]: r for r in sft_vs_trained(as_rows(rows), traces, LEVELS)}
+    assert table["accuracy"]["lemon-sft"] == 0.25 and table["accuracy"]["lemon"] == 0.5
+    assert table["accuracy"]["change"] == "+0.25"
+    assert table["valid_rate"]["change"] == "+0.25"
+    assert table["mean agents"]["lemon-sft"] == 2.0 and table["mean agents"]["lemon"] == 3.0
+    assert table["share of large agents"]["lemon-sft"] == pytest.approx(0.25)
+    assert sft_vs_trained(as_rows(rows[:3])) == [], "nothing to compare without both orchestrators"
+
+
+def test_pareto_plot_draws_the_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    drawn: list[tuple[float, float, list]] = []
+    real = matplotlib.axes.Axes.errorbar
+
+    def spy(self, x, y, *args, **kwargs):
+        drawn.append((x, y, kwargs["yerr"]))
+        return real(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
+    rows, _ = demo_run()
+    assert plot_pareto(rows).startswith(b"\x89PNG")
+    by_cost = {x: (y, yerr) for x, y, yerr in drawn}
+    y, yerr = by_cost[3e-6]  # lemon: 0.5 with the interval [0.15, 0.85] from its summary
+    assert y == 0.5 and yerr == [[pytest.approx(0.35)], [pytest.approx(0.35)]]
+    lo, hi = wilson_interval(2, 4)
+    assert by_cost[1e-5][1] == [[pytest.approx(0.5 - lo)], [pytest.approx(hi - 0.5)]]
+
+
+def test_full_report_answers_the_question(tmp_path: Path) -> None:
+    rows, traces = demo_run()
+    paths = write_report(rows, tmp_path, title="run 8", traces=traces, levels=LEVELS, gallery_size=3)
+    page = paths["html"].read_text()
+    heads = re.findall(r"<p class='headline'>(.*?)</p>", page)
+    assert heads[0].startswith("gsm8k: lemon accuracy 0.500 [0.150, 0.850] (n=4), valid specs 0.750")
+    assert heads[0].endswith("best baseline cot 0.500 [0.150, 0.850] at $1e-05/example"), "a tie goes to the cheaper"
+    assert "SFT-only vs trained orchestrator" in page and "What the orchestrator chose" in page
+    assert "small: 56% \u00b7 medium: 22% \u00b7 large: 22%" in page
+    assert "diamond: 67% \u00b7 single: 33%" in page
+    assert page.count("<div class='example'>") == 6, "3 examples for each of the two orchestrators"
+    assert page.count("<details class='agent'>") == 4 + 1 + 1 + 3, "one collapsible output per agent run"
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" not in page, "q3 is not among the first three"
+    assert "<script" not in page and "src='http" not in page and "<link" not in page
+    assert "spec invalid: field &#x27;output&#x27;" in page
+    md = paths["markdown"].read_text()
+    assert "**gsm8k: lemon accuracy 0.500 [0.150, 0.850]" in md
+
+
+def test_gallery_pictures_are_svg_of_the_spec(tmp_path: Path) -> None:
+    if shutil.which("dot") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Graphviz's dot is missing in CI; .ci/install_chromium.sh installs it")
+        pytest.skip("Graphviz's dot is not installed (apt-get install graphviz)")
+    rows, traces = demo_run()
+    page = render_html(rows, images={}, traces={("gsm8k", "lemon"): traces["gsm8k", "lemon"]}, gallery_size=4)
+    svgs = [base64.b64decode(m).decode() for m in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
+    assert len(svgs) == 3, "three valid specs among four examples; the invalid one has no picture"
+    assert all(s.startswith("<svg") for s in svgs)
+    assert svgs[0].count('class="node agent') == 4 and svgs[1].count('class="node agent') == 1
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, "agent outputs are escaped, never markup"
+
+
+def test_missing_graphviz_falls_back_to_the_text_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    rows, traces = demo_run()
+    page = render_html(rows, images={}, traces={("gsm8k", "lemon"): traces["gsm8k", "lemon"][:1]})
+    assert "apt-get install graphviz" in page
+    assert "<pre class='spec-text'>spec: 4 agents, 3 levels, topology diamond" in page
+
+
+def test_read_traces_names_the_bad_line(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"id": 1}\n\n{"id": 2\n')
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        read_traces(path)
+    path.write_text('{"id": 1}\n\n{"id": 2}\n')
+    assert [r["id"] for r in read_traces(path)] == [1, 2]
