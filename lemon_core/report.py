@@ -53,6 +53,14 @@ COLUMNS = (
     "failures",
     "truncated_answers",
 )
+HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
+    "accuracy 95% CI": "95% CI",
+    "valid_rate": "valid rate",
+    "mean_cost_usd": "cost $/example",
+    "mean_tokens": "tokens/example",
+    "mean_latency_s": "latency s",
+    "truncated_answers": "truncated",
+}
 Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
 
 
@@ -375,7 +383,7 @@ def render_markdown(
         *([""] if notes else []),
         *[f"**{h}**" for h in heads],
         *([""] if heads else []),
-        "| " + " | ".join(COLUMNS) + " | pareto |",
+        "| " + " | ".join(HEADERS.get(c, c) for c in COLUMNS) + " | pareto |",
         "|" + "---|" * (len(COLUMNS) + 1),
     ]
     for row in _sorted(rows):
@@ -387,7 +395,7 @@ def render_markdown(
 STYLE = (
     "body{font-family:sans-serif;margin:2em;color:#222}"
     "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-    "th{background:#f4f4f4}tr.orch td{background:#fff4e5;font-weight:bold}img{max-width:100%}"
+    "th{background:#f4f4f4}td{white-space:nowrap}tr.orch td{background:#fff4e5;font-weight:bold}img{max-width:100%}"
     "p.headline{font-size:1.1em;font-weight:bold}.note{color:#8a5a00}"
     ".example{border:1px solid #ddd;border-radius:6px;padding:0.5em 1em;margin:1em 0}"
     ".example img.spec{display:block;max-height:480px;margin:0.5em 0}"
@@ -421,7 +429,7 @@ def render_html(
     rows = as_rows(summaries)
     front = _front_labels(rows)
     esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in (*COLUMNS, "pareto"))
+    head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in (*COLUMNS, "pareto"))
     body = "".join(
         ("<tr class='orch'>" if is_orchestrator(str(row["method"])) else "<tr>")
         + "".join(f"<td>{esc(_fmt(row.get(c, '')))}</td>" for c in COLUMNS)
