@@ -1,8 +1,15 @@
-"""Training plots (matplotlib, Agg backend: no display needed in a pod or CI).
+"""Training curves that show what moved (matplotlib, Agg backend: no display needed in a pod or CI).
 
-``plot_reward_curve`` draws, against the GRPO step, the mean reward with its +-std band and the
-held-out eval reward, the reward terms, the valid-spec rate, and the mean counterfactual contrast
-per edit family - the figures one looks at to see whether a run is learning.
+``plot_reward_curve`` draws eight panels against the GRPO step from the rows of ``metrics.jsonl``:
+
+    reward (mean, 95% interval band, held-out eval)   reward terms            valid / success rates   cost
+    capacity share of sampled agents (stacked)        delta per edit family   edits per family         loss, kl, clip
+
+The numbers stay in ``metrics.jsonl``; the PNG is for looking. ``curve_series`` is the pure part (which
+numbers go in which panel) so it can be tested without reading pixels. A series absent from every row is
+skipped; a panel with nothing to show says "not recorded" rather than vanishing, so a missing metric is
+visible. Older rows are read too: ``reward/std`` stands in for the interval, ``capacity/<level>`` for
+``capacity_share/<level>``, ``cost`` for ``cost/mean``.
 """
 
 from __future__ import annotations
@@ -16,11 +23,99 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+Series = tuple[list[int], list[float]]
+PANELS = ("reward", "reward terms", "rates", "cost", "capacity share", "delta", "edit counts", "optimisation")
 
 
-def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+def _series(rows: Sequence[dict[str, Any]], key: str) -> Series:
     pts = [(r["step"], float(r[key])) for r in rows if key in r and r[key] is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _first_present(rows: Sequence[dict[str, Any]], *keys: str) -> Series:
+    for key in keys:
+        series = _series(rows, key)
+        if series[0]:
+            return series
+    return [], []
+
+
+def _suffixes(rows: Sequence[dict[str, Any]], prefix: str) -> list[str]:
+    """Names after ``prefix`` in row keys, in first-seen order (train.py writes levels cheapest first)."""
+    return list(dict.fromkeys(k[len(prefix) :] for r in rows for k in r if k.startswith(prefix)))
+
+
+def _reward_band(rows: Sequence[dict[str, Any]]) -> dict[str, Series]:
+    """Mean reward and its band: the 95% interval when logged, else mean +- std (older rows)."""
+    steps, mean = _series(rows, "reward/mean")
+    lo, hi = _series(rows, "reward/ci_low"), _series(rows, "reward/ci_high")
+    if lo[0] and lo[0] == steps and hi[0] == steps:
+        band = {"band low": lo, "band high": hi}
+    else:
+        s_steps, std = _series(rows, "reward/std")
+        band = (
+            {"band low": (steps, [m - s for m, s in zip(mean, std, strict=True)]),
+             "band high": (steps, [m + s for m, s in zip(mean, std, strict=True)])}
+            if s_steps == steps and steps else {}
+        )
+    return {"mean": (steps, mean), **band, "eval": _series(rows, "eval/reward")}
+
+
+def curve_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Series]]:
+    """Panel name -> label -> (steps, values), only for series some row carries."""
+    shares = {lv: _series(rows, f"capacity_share/{lv}") for lv in _suffixes(rows, "capacity_share/")}
+    if not shares:
+        shares = {lv: _series(rows, f"capacity/{lv}") for lv in _suffixes(rows, "capacity/")}
+    panels: dict[str, dict[str, Series]] = {
+        "reward": _reward_band(rows),
+        "reward terms": {t: _series(rows, f"reward/{t}") for t in ("success", "efficiency", "structure", "cost")},
+        "rates": {
+            "valid-spec rate": _series(rows, "valid_rate"),
+            "success rate": _series(rows, "success_rate"),
+            "eval valid-spec rate": _series(rows, "eval/valid_rate"),
+            "eval score": _series(rows, "eval/score"),
+        },
+        "cost": {"cost per execution": _first_present(rows, "cost/mean", "cost"),
+                 "eval cost": _series(rows, "eval/cost")},
+        "capacity share": shares,
+        "delta": {f: _series(rows, f"delta/{f}") for f in _suffixes(rows, "delta/")},
+        "edit counts": {f: _series(rows, f"delta_count/{f}") for f in _suffixes(rows, "delta_count/")},
+        "optimisation": {k: _series(rows, k) for k in ("loss", "kl", "clip_ratio")},
+    }
+    return {name: {label: s for label, s in panel.items() if s[0]} for name, panel in panels.items()}
+
+
+def _not_recorded(ax: Any, title: str) -> None:
+    ax.set_title(title)
+    ax.text(0.5, 0.5, "not recorded", ha="center", va="center", color="grey", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _draw_reward(ax: Any, panel: dict[str, Series]) -> None:
+    steps, mean = panel["mean"]
+    ax.plot(steps, mean, marker="o", label="reward (rollouts)")
+    if "band low" in panel:
+        ax.fill_between(steps, panel["band low"][1], panel["band high"][1], alpha=0.2, label="95% interval")
+    if "eval" in panel:
+        ax.plot(*panel["eval"], marker="s", label="reward (held-out eval)")
+
+
+def _draw_capacity(ax: Any, panel: dict[str, Series]) -> None:
+    steps = sorted({s for series in panel.values() for s in series[0]})
+    stacks = [[dict(zip(*series, strict=True)).get(s, 0.0) for s in steps] for series in panel.values()]
+    shades = [0.25 + 0.7 * i / max(len(panel) - 1, 1) for i in range(len(panel))]  # cheapest lightest
+    ax.stackplot(steps, stacks, labels=list(panel), alpha=0.8, colors=plt.cm.Blues(shades))
+    ax.set_ylim(0, 1)
+
+
+def _draw_counts(ax: Any, panel: dict[str, Series]) -> None:
+    width = 0.8 / len(panel)
+    for i, (family, (steps, counts)) in enumerate(panel.items()):
+        x = [s - 0.4 + width * (i + 0.5) for s in steps]
+        ax.bar(x, counts, width=width, label=f"{family} (n={sum(counts):.0f})")
 
 
 def plot_reward_curve(rows: Sequence[dict[str, Any]] | str | Path, out_png: str | Path) -> Path:
@@ -29,49 +124,41 @@ def plot_reward_curve(rows: Sequence[dict[str, Any]] | str | Path, out_png: str 
         rows = [json.loads(x) for x in Path(rows).read_text().splitlines() if x.strip()]
     if not rows:
         raise ValueError("no metrics rows to plot; run at least one training step")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-
-    ax = axes[0]
-    steps, mean = _series(rows, "reward/mean")
-    _, std = _series(rows, "reward/std")
-    ax.plot(steps, mean, marker="o", label="reward (rollouts)")
-    if len(std) == len(mean):
-        ax.fill_between(
-            steps,
-            [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)],
-            alpha=0.2,
-        )
-    es, ev = _series(rows, "eval/reward")
-    if es:
-        ax.plot(es, ev, marker="s", label="reward (held-out eval)")
-    ax.set(title="reward", xlabel="GRPO step")
-    ax.legend()
-
-    ax = axes[1]
-    for term in ("success", "efficiency", "structure", "cost"):
-        s, v = _series(rows, f"reward/{term}")
-        ax.plot(s, v, label=term)
-    s, v = _series(rows, "valid_rate")
-    ax.plot(s, v, "k--", label="valid-spec rate")
-    ax.set(title="reward terms", xlabel="GRPO step")
-    ax.legend(fontsize=8)
-
-    ax = axes[2]
-    families = sorted({k.split("/", 1)[1] for r in rows for k in r if k.startswith("delta/")})
-    for fam in families:
-        s, v = _series(rows, f"delta/{fam}")
-        ax.plot(s, v, marker=".", label=fam)
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set(title="counterfactual delta = r - r_edit", xlabel="GRPO step")
-    if families:
+    missing = [i for i, r in enumerate(rows) if "step" not in r]
+    if missing:
+        raise ValueError(f"metrics rows {missing[:5]} lack 'step'; each metrics.jsonl row needs its GRPO step")
+    data = curve_series(rows)
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    titles = {"delta": "counterfactual delta = r - r_edit", "edit counts": "edits per family",
+              "capacity share": "capacity share of sampled agents", "optimisation": "loss, kl, clip ratio"}
+    for ax, name in zip(axes.flat, PANELS, strict=True):
+        panel = data[name]
+        if not panel:
+            _not_recorded(ax, titles.get(name, name))
+            continue
+        if name == "reward":
+            _draw_reward(ax, panel)
+        elif name == "capacity share":
+            _draw_capacity(ax, panel)
+        elif name == "edit counts":
+            _draw_counts(ax, panel)
+        else:
+            counts = data["edit counts"] if name == "delta" else {}
+            for label, (steps, values) in panel.items():
+                n = f" (n={sum(counts[label][1]):.0f})" if label in counts else ""
+                ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=label + n)
+        if name == "delta":
+            ax.axhline(0, color="grey", lw=0.5)
+        if name == "rates":
+            ax.set_ylim(-0.05, 1.05)
+        ax.set(title=titles.get(name, name), xlabel="GRPO step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
-
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    fig.savefig(tmp, dpi=90)
     plt.close(fig)
     tmp.replace(out)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import pytest
 
 from lemon_core.baselines import chain, cot
 from lemon_core.executor import AgentTrace, Trace
+from lemon_core.plots import curve_series, plot_reward_curve
 from lemon_core.report import (
     as_rows,
     choice_stats,
@@ -277,3 +279,62 @@ def test_read_traces_names_the_bad_line(tmp_path: Path) -> None:
         read_traces(path)
     path.write_text('{"id": 1}\n\n{"id": 2}\n')
     assert [r["id"] for r in read_traces(path)] == [1, 2]
+
+
+# --- training curves (lemon_core/plots.py) --------------------------------------------------------------
+def metrics_row(step: int) -> dict:
+    """A metrics.jsonl row with the fields train.py writes per step."""
+    return {"step": step, "reward/mean": 0.1 * step, "reward/ci_low": 0.1 * step - 0.05,
+            "reward/ci_high": 0.1 * step + 0.05, "valid_rate": 0.5, "success_rate": 0.25 * step,
+            "cost/mean": 2e-5, "capacity_share/small": 0.25 * step, "capacity_share/large": 1 - 0.25 * step,
+            "delta/drop_dependency": 0.2, "delta_count/drop_dependency": 3 + step, "loss": 1.0, "kl": 0.01}
+
+
+def test_curve_series_puts_each_metric_in_its_panel() -> None:
+    data = curve_series([metrics_row(1), metrics_row(2)])
+    assert data["reward"]["mean"] == ([1, 2], [0.1, 0.2])
+    assert data["reward"]["band low"] == ([1, 2], [pytest.approx(0.05), pytest.approx(0.15)])
+    assert data["rates"] == {"valid-spec rate": ([1, 2], [0.5, 0.5]), "success rate": ([1, 2], [0.25, 0.5])}
+    assert data["cost"] == {"cost per execution": ([1, 2], [2e-5, 2e-5])}
+    assert list(data["capacity share"]) == ["small", "large"], "levels in the order train.py wrote them"
+    assert data["capacity share"]["large"] == ([1, 2], [0.75, 0.5])
+    assert data["delta"] == {"drop_dependency": ([1, 2], [0.2, 0.2])}
+    assert data["edit counts"] == {"drop_dependency": ([1, 2], [4.0, 5.0])}
+    assert data["optimisation"] == {"loss": ([1, 2], [1.0, 1.0]), "kl": ([1, 2], [0.01, 0.01])}, "no clip_ratio"
+    assert data["reward terms"] == {}
+
+
+def test_curve_series_reads_older_rows() -> None:
+    old = [{"step": 1, "reward/mean": 0.5, "reward/std": 0.1, "capacity/small": 1.0, "cost": 3e-5,
+            "reward/success": 0.5}, {"step": 2, "reward/mean": 0.7, "reward/std": 0.2, "capacity/small": 0.5,
+                                     "cost": 2e-5, "reward/success": 0.75}]
+    data = curve_series(old)
+    assert data["reward"]["band high"] == ([1, 2], [pytest.approx(0.6), pytest.approx(0.9)]), "mean + std"
+    assert data["capacity share"] == {"small": ([1, 2], [1.0, 0.5])}
+    assert data["cost"]["cost per execution"] == ([1, 2], [3e-5, 2e-5])
+    assert data["reward terms"] == {"success": ([1, 2], [0.5, 0.75])}
+
+
+def test_reward_curve_png_says_what_was_not_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    written: list[str] = []
+    real = matplotlib.axes.Axes.text
+
+    def spy(self, x, y, s, *args, **kwargs):
+        written.append(s)
+        return real(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", spy)
+    out = plot_reward_curve([{"step": 1, "reward/mean": 0.2}, {"step": 2, "reward/mean": 0.3}], tmp_path / "c.png")
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert written.count("not recorded") == 7, "every panel but the reward one"
+    written.clear()
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(metrics_row(s)) + "\n" for s in (1, 2, 3)))
+    plot_reward_curve(path, tmp_path / "full.png")
+    assert written.count("not recorded") == 1, "only the reward terms are absent"
+    with pytest.raises(ValueError, match="lack 'step'"):
+        plot_reward_curve([{"reward/mean": 0.1}], tmp_path / "bad.png")
+    with pytest.raises(ValueError, match="no metrics rows"):
+        plot_reward_curve([], tmp_path / "bad.png")
