@@ -337,7 +337,12 @@ def example_html(record: Mapping[str, Any], bench: str, method: str, levels: Seq
     """One gallery card: the task, the score, prediction vs gold, the spec picture, each agent's output."""
     esc = html.escape
     score = float(record.get("score") or 0.0)
-    verdict = "correct" if score >= 1.0 else "wrong" if record.get("spec") else "invalid spec"
+    if not record.get("spec"):
+        verdict = "invalid spec"
+    elif record.get("error"):
+        verdict = "failed run"  # the spec was valid but an agent call failed (see the error below)
+    else:
+        verdict = "correct" if score >= 1.0 else "wrong"
     parts = [
         "<div class='example'>",
         f"<h3>{esc(bench)} / {esc(method)} \u00b7 example {esc(str(record.get('id', '?')))} \u00b7 "
@@ -399,7 +404,7 @@ STYLE = (
     "p.headline{font-size:1.1em;font-weight:bold}.note{color:#8a5a00}"
     ".example{border:1px solid #ddd;border-radius:6px;padding:0.5em 1em;margin:1em 0}"
     ".example img.spec{display:block;max-height:480px;margin:0.5em 0}"
-    "span.correct{color:#1e7b34}span.wrong{color:#b03a2e}span.invalid{color:#8a5a00}"
+    "span.correct{color:#1e7b34}span.wrong,span.failed{color:#b03a2e}span.invalid{color:#8a5a00}"
     "details{margin:0.3em 0}summary{cursor:pointer}pre{white-space:pre-wrap;background:#f8f8f8;padding:0.5em}"
     ".err{color:#b03a2e}.duty{font-style:italic;color:#555}"
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
 import os
 import re
@@ -338,3 +339,28 @@ def test_reward_curve_png_says_what_was_not_recorded(tmp_path: Path, monkeypatch
         plot_reward_curve([{"reward/mean": 0.1}], tmp_path / "bad.png")
     with pytest.raises(ValueError, match="no metrics rows"):
         plot_reward_curve([], tmp_path / "bad.png")
+
+
+def test_report_of_a_real_evaluation(tmp_path: Path) -> None:
+    """evaluate() on the seeded simulated pool writes traces.jsonl; the report reads them as written."""
+    from lemon_core.backends.simulated import register_examples
+    from lemon_core.benchmarks import get
+    from lemon_core.evaluate import evaluate
+    from lemon_core.pool import load_pool
+
+    pool = load_pool("simulated")
+    bench = get("gsm8k")
+    examples = bench.load("test", 4, data_dir=Path(__file__).resolve().parents[2] / "shared" / "datasets")
+    register_examples(examples)
+    rows, traces = [], {}
+    for method, spec in (("cot", cot(pool.level_names[-1])), ("lemon", FOUR_AGENTS)):
+        summary, _ = evaluate(bench, examples, spec, pool, method=method, out_dir=tmp_path / method, progress=False)
+        rows.append(summary)
+        traces["gsm8k", method] = read_traces(tmp_path / method / "traces.jsonl")
+    page = write_report(rows, tmp_path / "report", traces=traces, levels=pool.level_names)["html"].read_text()
+    assert page.count("<div class='example'>") == 3, "the gallery shows the orchestrator's examples only"
+    first = traces["gsm8k", "lemon"][0]
+    assert html.escape(first["task"][:60]) in page
+    for agent in first["agents"]:
+        assert f"<pre>{html.escape(agent['output'])}</pre>" in page, "each agent's output, as the trace has it"
+    assert "4: 100%" in page and "diamond: 100%" in page
