@@ -5,12 +5,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from test_spec_picture import need_dot
 
 from lemon_core.baselines import chain, cot
 from lemon_core.executor import AgentTrace, Trace
@@ -252,10 +252,7 @@ def test_full_report_answers_the_question(tmp_path: Path) -> None:
 
 
 def test_gallery_pictures_are_svg_of_the_spec(tmp_path: Path) -> None:
-    if shutil.which("dot") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Graphviz's dot is missing in CI; .ci/install_chromium.sh installs it")
-        pytest.skip("Graphviz's dot is not installed (apt-get install graphviz)")
+    need_dot()
     rows, traces = demo_run()
     page = render_html(rows, images={}, traces={("gsm8k", "lemon"): traces["gsm8k", "lemon"]}, gallery_size=4)
     svgs = [base64.b64decode(m).decode() for m in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", page)]
