@@ -49,6 +49,8 @@ def show_command(
             raise _fail(f"--pool {pool}: {exc}") from None
     try:
         spec = parse_spec(file.read_text(encoding="utf-8"), pool=levels).spec
+    except UnicodeDecodeError:
+        raise _fail(f"{file} is not UTF-8 text; pass the YAML or JSON spec file itself") from None
     except SpecError as exc:
         raise _fail(f"{file}: {exc}") from None
     if out is None:

@@ -195,6 +195,11 @@ def test_cli_spec_show(tmp_path: Path) -> None:
     res = runner.invoke(spec_app, ["show", str(bad)])
     assert res.exit_code == 2 and "depends_on" in res.output and "plann" in res.output
 
+    binary = tmp_path / "team.png"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    res = runner.invoke(spec_app, ["show", str(binary)])
+    assert res.exit_code == 2 and "not UTF-8 text" in res.output
+
     res = runner.invoke(spec_app, ["show", str(tmp_path / "missing.yaml")])
     assert res.exit_code == 2 and "does not exist" in res.output
 
