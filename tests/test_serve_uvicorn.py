@@ -246,8 +246,9 @@ def test_shutdown_drains_within_the_grace_period(tmp_path: Path, caplog: pytest.
 
 
 # --- `lemon serve` started like the Helm chart starts it ----------------------------------------------
-def fake_openai_server(spec_text: str) -> FastAPI:
-    """TEST DOUBLE of a vLLM OpenAI server: the orchestrator model writes ``spec_text``, others answer 42."""
+def fake_openai_server(spec_text: str, stall: threading.Event | None = None) -> FastAPI:
+    """TEST DOUBLE of a vLLM OpenAI server: the orchestrator model writes ``spec_text``, others answer 42
+    (after ``stall`` is set, when given: a level server that hangs)."""
     fake = FastAPI()
     fake.state.models = []
 
@@ -258,6 +259,8 @@ def fake_openai_server(spec_text: str) -> FastAPI:
     @fake.post("/v1/chat/completions")
     def chat(body: dict[str, Any]) -> dict[str, Any]:
         fake.state.models.append(body["model"])
+        if stall is not None and body["model"] != "lemon-orchestrator":
+            stall.wait(timeout=60)
         text = spec_text if body["model"] == "lemon-orchestrator" else f"({body['model']}) The answer is 42."
         return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -271,6 +274,73 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_lemon_serve(tmp_path: Path, fake_url: str, **env: str) -> tuple[subprocess.Popen[str], str]:
+    """``lemon serve`` in a subprocess, configured like the chart does, over the fake OpenAI server."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        "levels:\n"
+        f"  - {{name: small, backend: openai, model: qwen-7b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+        "      price_in_per_1m: 0.2, price_out_per_1m: 0.2, max_tokens: 64}\n"
+        f"  - {{name: large, backend: openai, model: qwen-32b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+        "      price_in_per_1m: 0.9, price_out_per_1m: 0.9, max_tokens: 64}\n")
+    tokens = tmp_path / "auth" / "tokens"
+    tokens.parent.mkdir()
+    tokens.write_text(TOKEN + "\n")
+    port = free_port()
+    full_env = {**os.environ, "LEMON_LOG_LEVEL": "info", "LEMON_CACHE_DIR": str(tmp_path / "cache"),
+                "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "LEMON_ORCHESTRATOR_BASE_URL": f"{fake_url}/v1",
+                **env}
+    cmd = [sys.executable, "-c", "from lemon_core.cli import app; app()", "serve", "--host=127.0.0.1",
+           f"--port={port}", f"--pool={pool}", "--orchestrator=lemon-orchestrator", f"--auth-token-file={tokens}"]
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("lemon serve did not start: " + proc.communicate()[0])
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stuck_backend_exits_within_the_grace_period(tmp_path: Path) -> None:
+    # issue #11: shutdown after SIGTERM took ~70 s (chart grace: 30 s) and logged tracebacks
+    stall = threading.Event()
+    fake = fake_openai_server(two_agent_spec(), stall=stall)
+    try:
+        with serve_in_thread(fake) as fake_url:
+            proc, url = start_lemon_serve(tmp_path, fake_url, LEMON_SHUTDOWN_GRACE_S="2")
+            replies: list[httpx.Response] = []
+            client = threading.Thread(target=lambda: replies.append(httpx.post(
+                f"{url}/v1/orchestrate", json={"task": "40+2?"}, headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=60)))
+            client.start()
+            deadline = time.time() + 20
+            while "qwen-7b" not in fake.state.models and time.time() < deadline:
+                time.sleep(0.05)
+            assert "qwen-7b" in fake.state.models  # the request is stuck in the level's backend
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            took = time.monotonic() - t0
+            client.join(timeout=10)
+            stall.set()  # let the fake server's stuck handler end before the fake server stops
+    finally:
+        stall.set()
+    assert took < 2 + 4, f"shutdown took {took:.1f} s with a 2 s grace period"
+    assert replies and replies[0].status_code == 503 and replies[0].json()["error"]["type"] == "shutting_down"
+    assert proc.returncode in (0, -signal.SIGTERM), out
+    assert "Traceback" not in out and "Exception in ASGI application" not in out, out
+    assert "Application shutdown complete" in out
 
 
 @pytest.mark.slow
