@@ -303,6 +303,7 @@ def test_grafana_dashboard_queries_defined_series() -> None:
         "lemon_counterfactual_delta", "lemon_train_loss", "lemon_train_kl", "lemon_train_clip_ratio",
         "lemon_agent_calls", "lemon_tokens", "lemon_cost_usd", "lemon_request_latency_seconds",
         "lemon_requests_in_flight", "lemon_spec_invalid",
+        "lemon_eval_valid_rate", "lemon_eval_accuracy_ci_low", "lemon_eval_accuracy_ci_high", "lemon_eval_examples",
     }
     text = " ".join(sorted(used))
     missing = {f for f in families if f not in text}
