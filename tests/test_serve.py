@@ -537,6 +537,16 @@ def test_healthz_and_readyz(tmp_path: Path) -> None:
         assert h.client.get("/healthz").status_code == 200
 
 
+def test_probes_answer_head(tmp_path: Path) -> None:
+    # issue #11: HEAD /healthz was 405 (uptime checkers and some load balancers probe with HEAD)
+    with Harness(tmp_path) as h:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            resp = h.client.head(path)
+            assert resp.status_code == 200, path
+            assert resp.content == b""
+        assert h.client.head("/v1/models").status_code == 401  # HEAD is no way around auth
+
+
 def test_trace_agent_errors_do_not_leak_backend_urls(tmp_path: Path) -> None:
     from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
 
