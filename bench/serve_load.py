@@ -12,6 +12,12 @@ p50/p99 latency, throughput, and the throughput an unbatched server could reach 
 is 1 otherwise); --clients above the limit shows the 429 path.
 
     python bench/serve_load.py --clients 16 --seconds 10
+
+``--unauth-conns N`` measures the issue #11 attack instead: N connections without a token each send
+headers and 64 KB - 1 of a 64 KB body, then stall. Printed: how many got 401 at once, how many the
+server closed, and the server's resident memory (RSS) growth while they hang on.
+
+    python bench/serve_load.py --unauth-conns 800
 """
 
 from __future__ import annotations
@@ -31,9 +37,8 @@ TOKEN = "bench-token-0123456789abcdef"
 
 
 def run_server(port: int, args: argparse.Namespace, token_file: str) -> None:
-    """Child process: the service over test doubles (see the module docstring)."""
-    import uvicorn
-
+    """Child process: the service over test doubles (see the module docstring), on `lemon serve`'s server."""
+    from lemon_core.cli_serve import run_server as serve
     from lemon_core.pool import CapacityLevel, CapacityPool
     from lemon_core.serve import ServeSettings, create_app
     from lemon_core.serve.doubles import EchoAgent, ScriptedOrchestrator, two_agent_spec
@@ -45,9 +50,46 @@ def run_server(port: int, args: argparse.Namespace, token_file: str) -> None:
         pool.set_backend(name, EchoAgent(name, delay_s=args.agent_latency_ms / 1000))
     settings = ServeSettings(auth_token_file=token_file, max_concurrent_requests=args.max_concurrent,
                              batch_max_size=args.batch_max_size, batch_wait_ms=args.batch_wait_ms,
-                             log_level="warning")
+                             log_level="warning", host="127.0.0.1", port=port)
     app = create_app(settings, pool=pool, orchestrator_backend=ScriptedOrchestrator([two_agent_spec()]))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    serve(app, settings)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MB (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+    return kb / 1024
+
+
+async def unauth_attack(port: int, conns: int, pid: int) -> dict[str, float]:
+    """``conns`` unauthenticated clients each send headers + 64 KB - 1 of body and stall."""
+    body_len = 65536
+    head = (f"POST /v1/orchestrate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {body_len}\r\n\r\n").encode()
+    before = rss_mb(pid)
+    streams = []
+    for _ in range(conns):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head + b"x" * (body_len - 1))
+        streams.append((reader, writer))
+    await asyncio.gather(*(w.drain() for _, w in streams))
+    await asyncio.sleep(2.0)
+    peak = rss_mb(pid)
+
+    async def outcome(reader: asyncio.StreamReader) -> tuple[bool, bool]:
+        try:
+            first = await asyncio.wait_for(reader.read(12), 1.0)
+            rest = await asyncio.wait_for(reader.read(), 1.0)
+        except TimeoutError:
+            return False, False
+        return first.startswith(b"HTTP/1.1 401"), bool(first) and rest is not None
+
+    results = await asyncio.gather(*(outcome(r) for r, _ in streams))
+    for _, writer in streams:
+        writer.close()
+    return {"refused_401": sum(a for a, _ in results), "closed_by_server": sum(b for _, b in results),
+            "rss_before_mb": before, "rss_with_conns_mb": peak}
 
 
 async def client(url: str, deadline: float, latencies: list[float], statuses: Counter[int], cid: int,
@@ -100,6 +142,8 @@ def main() -> int:
                     help="echo agents' sleep per batched call")
     ap.add_argument("--batch-max-size", type=int, default=16)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0)
+    ap.add_argument("--unauth-conns", type=int, default=0,
+                    help="instead of the load test: this many stalled unauthenticated 64 KB uploads")
     args = ap.parse_args()
     if not 1 <= args.clients <= 512 or not 0 < args.seconds <= 120:
         ap.error("--clients must be in 1..512 and --seconds in (0, 120]")
@@ -117,6 +161,11 @@ def main() -> int:
     server.start()
     try:
         wait_ready(url)
+        if args.unauth_conns:
+            found = asyncio.run(unauth_attack(port, args.unauth_conns, server.pid))
+            print(f"unauthenticated connections={args.unauth_conns} (64 KB - 1 of a 64 KB body each, then stall)")
+            print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in found.items()))
+            return 0
         latencies, statuses, elapsed = asyncio.run(load(url, args.clients, args.seconds))
     finally:
         server.terminate()

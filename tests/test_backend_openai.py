@@ -2,7 +2,8 @@
 
 The server's behaviour is steered by ``key=value`` words in the last user message:
 ``sleep=0.2`` (hold the request), ``fail=503x2`` (answer the first 2 attempts with 503),
-``limit=1x1`` (first attempt: 429 with ``Retry-After: 1``), ``status=400`` (always that status).
+``limit=1x1`` (first attempt: 429 with ``Retry-After: 1``), ``status=400`` (always that status),
+``usage=VALUE`` (report ``prompt_tokens`` as the string VALUE, or as a list for ``usage=list``).
 """
 
 from __future__ import annotations
@@ -72,13 +73,16 @@ class Handler(BaseHTTPRequestHandler):
                 if attempt <= int(times):
                     return self._send(429, {"error": {"message": "rate limited"}}, {"Retry-After": wait})
             reply = f"echo: {content}"
+            usage = {"prompt_tokens": len(content.split()), "completion_tokens": len(reply.split()),
+                     "total_tokens": len(content.split()) + len(reply.split())}
+            if "usage" in opts:
+                usage["prompt_tokens"] = [1] if opts["usage"] == "list" else opts["usage"]
             self._send(200, {
                 "id": f"chatcmpl-{attempt}", "object": "chat.completion", "created": int(time.time()),
                 "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                              "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": len(content.split()), "completion_tokens": len(reply.split()),
-                          "total_tokens": len(content.split()) + len(reply.split())},
+                "usage": usage,
             })
         finally:
             with srv.lock:
@@ -223,3 +227,18 @@ def test_works_inside_a_running_event_loop(server: FakeOpenAI) -> None:
     b.close()
     with pytest.raises(BackendError, match="closed"):
         b.generate([req("after close")])
+
+
+def test_non_numeric_usage_counts_zero_and_keeps_the_batch(server: FakeOpenAI) -> None:
+    b = backend_for(server)
+    try:
+        out = b.generate([req("usage=lots a"), req("fine b"), req("usage=list c"), req("usage=12 d")])
+    finally:
+        b.close()
+    assert [c.ok for c in out] == [True] * 4  # one bad field no longer fails the whole micro-batch
+    assert [c.text for c in out] == ["echo: usage=lots a", "echo: fine b", "echo: usage=list c", "echo: usage=12 d"]
+    assert out[0].prompt_tokens == 0 and "prompt_tokens='lots'" in out[0].extra["usage_problem"]
+    assert out[0].completion_tokens == 3  # the good field of the same reply is kept
+    assert out[1].prompt_tokens == 2 and "usage_problem" not in out[1].extra
+    assert out[2].prompt_tokens == 0 and "usage_problem" in out[2].extra
+    assert out[3].prompt_tokens == 12 and "usage_problem" not in out[3].extra  # a numeric string is a count

@@ -295,6 +295,22 @@ def test_probes_hit_healthz_and_readyz(chart: helm.Chart) -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
 
 
+def test_shutdown_drain_fits_the_termination_grace_period(chart: helm.Chart,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue #11: shutdown took ~70 s against the pod's 30 s; the drain is configured with the grace period
+    for values, grace, drain in (({}, 30, "25"),
+                                 ({"serve": {"terminationGracePeriodSeconds": 120, "shutdownGraceSeconds": 100}},
+                                  120, "100")):
+        pod = _find(_render(chart, values), "Deployment", "demo-lemon")["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert env["LEMON_SHUTDOWN_GRACE_S"] == drain
+    from lemon_core.serve import load_settings
+
+    monkeypatch.setenv("LEMON_SHUTDOWN_GRACE_S", drain)
+    assert load_settings().shutdown_grace_s == 100.0  # `lemon serve` reads the variable the chart sets
+
+
 @pytest.mark.parametrize("values_name", list(VALUES_FILES))
 def test_pool_configmap_is_a_valid_lemon_pool(chart: helm.Chart, values_name: str) -> None:
     """The ConfigMap must load with lemon's own pool model, and every in-chart URL must hit a Service."""
@@ -470,6 +486,8 @@ CROSS_FIELD: list[tuple[str, dict[str, Any], str]] = [
     ("duplicate level", {"pool": {"levels": [_LEVEL, _LEVEL]}}, r"level name \"small\" appears twice"),
     ("hpa min above max", {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
      r"autoscaling.minReplicas \(5\) is above"),
+    ("drain longer than the pod may live", {"serve": {"terminationGracePeriodSeconds": 30, "shutdownGraceSeconds": 28}},
+     r"serve.shutdownGraceSeconds \(28\) must be at least 3 below serve.terminationGracePeriodSeconds \(30\)"),
 ]
 
 

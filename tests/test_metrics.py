@@ -109,6 +109,61 @@ def test_helpers_reject_bad_values() -> None:
         LemonMetrics(m.registry)  # one definition per registry, never two
 
 
+def test_record_eval_sets_valid_rate_interval_and_n() -> None:
+    m = LemonMetrics(new_registry())
+    m.record_eval("gsm8k", "lemon", accuracy=0.75, cost_usd_per_example=0.003, valid_rate=0.9, n=100)
+    m.record_eval("gsm8k", "cot", accuracy=0.5, cost_usd_per_example=0.001,
+                  ci_low=0.4, ci_high=0.6, n=100)  # an interval computed elsewhere is kept as given
+    m.record_eval("mmlu", "cot", accuracy=0.0, cost_usd_per_example=0.001, n=10)
+    m.record_eval("svamp", "cot", accuracy=0.5, cost_usd_per_example=0.001)  # an old caller
+    got = samples(metrics.exposition(m.registry).decode())
+
+    def value(name: str, benchmark: str, method: str) -> float | None:
+        return got.get((name, frozenset({"benchmark": benchmark, "method": method}.items())))
+
+    # 95% Wilson interval of 75/100 by hand: centre (p + z^2/2n) / (1 + z^2/n), z = 1.96
+    assert value("lemon_eval_accuracy_ci_low", "gsm8k", "lemon") == pytest.approx(0.65696, abs=1e-5)
+    assert value("lemon_eval_accuracy_ci_high", "gsm8k", "lemon") == pytest.approx(0.82455, abs=1e-5)
+    assert value("lemon_eval_valid_rate", "gsm8k", "lemon") == 0.9
+    assert value("lemon_eval_examples", "gsm8k", "lemon") == 100
+    assert value("lemon_eval_accuracy_ci_low", "gsm8k", "cot") == 0.4
+    assert value("lemon_eval_accuracy_ci_high", "gsm8k", "cot") == 0.6
+    assert value("lemon_eval_valid_rate", "gsm8k", "cot") == 1.0  # baselines are always valid specs
+    # 0 of 10 correct: the interval is [0, 0.2775], not a point at 0
+    assert value("lemon_eval_accuracy_ci_low", "mmlu", "cot") == 0.0
+    assert value("lemon_eval_accuracy_ci_high", "mmlu", "cot") == pytest.approx(0.27753, abs=1e-5)
+    # without n nor an interval nothing is made up
+    assert value("lemon_eval_accuracy_ci_low", "svamp", "cot") is None
+    assert value("lemon_eval_examples", "svamp", "cot") is None
+    assert value("lemon_eval_valid_rate", "svamp", "cot") == 1.0
+    with pytest.raises(ValueError, match="valid_rate for gsm8k/lemon must be in"):
+        m.record_eval("gsm8k", "lemon", accuracy=0.5, cost_usd_per_example=0.0, valid_rate=1.5)
+    with pytest.raises(ValueError, match="both ci_low and ci_high"):
+        m.record_eval("gsm8k", "lemon", accuracy=0.5, cost_usd_per_example=0.0, ci_low=0.4)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        m.record_eval("gsm8k", "lemon", accuracy=0.5, cost_usd_per_example=0.0, n=0)
+    assert {"lemon_eval_valid_rate", "lemon_eval_accuracy_ci_low", "lemon_eval_accuracy_ci_high",
+            "lemon_eval_examples"} <= metrics.series_names()
+
+
+def test_a_process_exposes_only_the_parts_it_fills() -> None:
+    m = LemonMetrics(new_registry(), parts=metrics.SERVICE_PARTS)
+    m.record_call("small", prompt_tokens=1, completion_tokens=2, cost_usd=0.0)
+    m.record_train_step(loss=0.5, kl=0.1, clip_ratio=0.0)  # not this process's: no error, not exposed
+    m.record_eval("gsm8k", "lemon", accuracy=0.5, cost_usd_per_example=0.0, n=4)
+    text = metrics.exposition(m.registry).decode()
+    names = {name for name, _ in samples(text)}
+    assert {"lemon_agent_calls_total", "lemon_requests_in_flight", "lemon_spec_invalid_total"} <= names
+    assert not [n for n in names if n.startswith(("lemon_train", "lemon_eval", "lemon_rollout", "lemon_spec_valid"))]
+    assert "lemon_train_loss" not in text
+    # all parts (the default) still expose everything, and series_names() lists every part
+    full = {name for name, _ in samples(metrics.exposition(filled_metrics().registry).decode())}
+    assert {"lemon_train_loss", "lemon_eval_accuracy", "lemon_request_latency_seconds_count"} <= full
+    assert "lemon_train_loss" in metrics.series_names()
+    with pytest.raises(ValueError, match="unknown metric part"):
+        LemonMetrics(new_registry(), parts=("serving",))
+
+
 # ------------------------------------------------------------------------------------- Pushgateway
 
 
@@ -248,6 +303,7 @@ def test_grafana_dashboard_queries_defined_series() -> None:
         "lemon_counterfactual_delta", "lemon_train_loss", "lemon_train_kl", "lemon_train_clip_ratio",
         "lemon_agent_calls", "lemon_tokens", "lemon_cost_usd", "lemon_request_latency_seconds",
         "lemon_requests_in_flight", "lemon_spec_invalid",
+        "lemon_eval_valid_rate", "lemon_eval_accuracy_ci_low", "lemon_eval_accuracy_ci_high", "lemon_eval_examples",
     }
     text = " ".join(sorted(used))
     missing = {f for f in families if f not in text}

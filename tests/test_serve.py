@@ -7,6 +7,7 @@ tiny transformers model (random weights) as the orchestrator: its gibberish is a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -139,6 +140,71 @@ def test_auth_must_be_configured_or_explicitly_disabled(tmp_path: Path) -> None:
         assert client.post("/v1/orchestrate", json={"task": "t"}).status_code == 200
 
 
+def test_unauthenticated_request_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
+    # issue #11: bodies were buffered before auth (800 such connections x 64 KB pinned ~57 MB)
+    h = Harness(tmp_path)
+    reads: list[int] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:  # a client that sends headers, then its body very slowly
+        reads.append(1)
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    def scope(auth: bytes | None) -> dict[str, Any]:
+        headers = [(b"host", b"test"), (b"content-type", b"application/json"), (b"content-length", b"60000")]
+        return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                "scheme": "http", "path": "/v1/orchestrate", "raw_path": b"/v1/orchestrate", "root_path": "",
+                "query_string": b"", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 80),
+                "headers": headers + ([(b"authorization", auth)] if auth else [])}
+
+    for auth in (None, b"Bearer wrong-token", b"Basic " + TOKEN.encode()):
+        sent.clear()
+        asyncio.run(asyncio.wait_for(h.app(scope(auth), receive, send), timeout=5))
+        assert reads == [], "the body was read before the token was checked"
+        assert sent[0]["status"] == 401
+        assert (b"connection", b"close") in sent[0]["headers"]
+    # with the right token the app does read the body (here: it waits for it)
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(h.app(scope(f"Bearer {TOKEN}".encode()), receive, send), timeout=0.5))
+    assert reads == [1]
+
+
+def test_non_ascii_token_authenticates(tmp_path: Path) -> None:
+    from lemon_core.serve.auth import TokenAuth
+
+    token = "clé-ñandú-Ωmega-0123456789"
+    with Harness(tmp_path) as h:
+        h.token_file.write_text(f"{token}\n{TOKEN}\n", encoding="utf-8")
+        later = time.time_ns() + 10**9
+        os.utime(h.token_file, ns=(later, later))
+        utf8 = {"Authorization": b"Bearer " + token.encode("utf-8")}
+        assert h.client.post("/v1/orchestrate", json={"task": "t"}, headers=utf8).status_code == 200
+        assert h.post("/v1/orchestrate", {"task": "t"}).status_code == 200  # ASCII tokens still work
+        wrong = {"Authorization": b"Bearer " + token.replace("Ω", "O").encode("utf-8")}
+        assert_error(h.client.post("/v1/orchestrate", json={"task": "t"}, headers=wrong), 401,
+                     "authentication_error")
+        auth = TokenAuth(h.token_file)
+        # Starlette's str view of a header is Latin-1: the same bytes, so the same answer
+        assert auth.check(("Bearer " + token).encode("utf-8").decode("latin-1"))
+        assert not auth.check("Bearer " + token)  # a str that never was wire bytes (not Latin-1)
+
+
+def test_docs_are_off_by_default_and_need_no_cdn(tmp_path: Path) -> None:
+    with Harness(tmp_path) as h:
+        assert h.client.get("/docs", headers=AUTH).status_code == 404
+        assert h.client.get("/redoc", headers=AUTH).status_code == 404
+        assert h.client.get("/openapi.json", headers=AUTH).json()["info"]["title"] == "lemon"
+        assert h.client.get("/openapi.json").status_code == 401
+    with Harness(tmp_path, enable_docs=True) as h:
+        page = h.client.get("/docs")
+        assert page.status_code == 200 and "swagger" in page.text.lower()
+        assert h.client.get("/openapi.json").status_code == 200  # the page fetches it without a token
+
+
 # --- orchestrate ----------------------------------------------------------------------------------
 def test_a_json_trained_orchestrator_is_prompted_for_json_and_its_spec_runs(tmp_path: Path) -> None:
     from lemon_core.spec import parse_spec, render_spec_json
@@ -193,6 +259,17 @@ def test_answer_format_and_benchmark_validation(tmp_path: Path) -> None:
                      "colour")
 
 
+def test_answer_format_length_is_limited(tmp_path: Path) -> None:
+    with Harness(tmp_path, max_answer_format_chars=40) as h:
+        assert h.post("/v1/orchestrate", {"task": "t", "answer_format": "f" * 40}).status_code == 200
+        err = assert_error(h.post("/v1/orchestrate", {"task": "t", "answer_format": "f" * 41}), 422,
+                           "invalid_request", "answer_format")
+        assert "41 characters" in err["message"] and "40" in err["message"]
+        chat = {"model": "lemon", "messages": [{"role": "user", "content": "t"}], "answer_format": "f" * 41}
+        assert_error(h.post("/v1/chat/completions", chat), 422, "invalid_request", "answer_format")
+        assert len(h.orchestrator.calls) == 1  # only the request within the limit reached the model
+
+
 def test_invalid_spec_is_resampled_once_with_another_seed(tmp_path: Path) -> None:
     with Harness(tmp_path, script=["I think we should just answer 42.", SPEC]) as h:
         resp = h.post("/v1/orchestrate", {"task": "What is 40 + 2?"})
@@ -217,9 +294,6 @@ def test_invalid_spec_twice_is_a_clear_502(tmp_path: Path) -> None:
 
 def test_budget_is_enforced_on_the_spec(tmp_path: Path) -> None:
     with Harness(tmp_path, max_agents=4, max_tokens=1000) as h:
-        err = assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_agents": 1}}), 502,
-                           "invalid_spec")
-        assert "at most 1" in err["message"]
         err = assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_tokens": 250}}), 502,
                            "invalid_spec")
         assert "up to 300 completion tokens" in err["message"] and "max_tokens=250" in err["message"]
@@ -231,6 +305,31 @@ def test_budget_is_enforced_on_the_spec(tmp_path: Path) -> None:
         assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_tokens": 0}}), 422,
                      "invalid_request", "budget.max_tokens")
         assert h.agents["small"].requests and len(h.agents["small"].requests) == 1  # only the run in budget
+    # a server whose orchestrator may write one-agent teams lets clients ask for one; the spec is checked
+    with Harness(tmp_path, min_budget_agents=1) as h:
+        err = assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_agents": 1}}), 502,
+                           "invalid_spec")
+        assert "at most 1" in err["message"]
+
+
+def test_budget_no_spec_can_meet_is_422_before_any_model_runs(tmp_path: Path) -> None:
+    # issue #11: max_tokens=1 / max_agents=1 were re-sampled twice and ended as 502
+    with Harness(tmp_path) as h:
+        err = assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_agents": 1}}), 422,
+                           "invalid_request", "budget.max_agents")
+        assert "at least 2" in err["message"]
+        # floor: 2 agents at the cheapest level's max_tokens (small: 100)
+        err = assert_error(h.post("/v1/orchestrate", {"task": "t", "budget": {"max_tokens": 1}}), 422,
+                           "invalid_request", "budget.max_tokens")
+        assert "at least 200" in err["message"]
+        chat = {"model": "lemon", "messages": [{"role": "user", "content": "t"}]}
+        assert_error(h.post("/v1/chat/completions", {**chat, "max_tokens": 16}), 422, "invalid_request",
+                     "max_tokens")
+        assert_error(h.post("/v1/chat/completions", {**chat, "max_completion_tokens": 16}), 422,
+                     "invalid_request", "max_completion_tokens")
+        assert h.orchestrator.calls == []  # refused up front: no sample, no re-sample
+        assert h.post("/v1/orchestrate", {"task": "t", "budget": {"max_agents": 2, "max_tokens": 300}}
+                      ).status_code == 200
 
 
 # --- limits ---------------------------------------------------------------------------------------
@@ -358,7 +457,7 @@ def test_chat_completions_wire_format(tmp_path: Path) -> None:
         assert_error(h.post("/v1/chat/completions", {"model": "lemon", "messages": [
             {"role": "system", "content": "hi"}]}), 422, "invalid_request", "messages")
         # max_tokens is the team's completion-token budget (the spec needs up to 300)
-        assert_error(h.post("/v1/chat/completions", {**body, "max_tokens": 100}), 502, "invalid_spec")
+        assert_error(h.post("/v1/chat/completions", {**body, "max_tokens": 250}), 502, "invalid_spec")
         models = h.client.get("/v1/models", headers=AUTH).json()
         assert [m["id"] for m in models["data"]] == ["lemon"]
 
@@ -382,7 +481,10 @@ def test_chat_completions_streaming_sse(tmp_path: Path) -> None:
 
 # --- probes and metrics ---------------------------------------------------------------------------
 class _ModelsHandler(BaseHTTPRequestHandler):
+    hits: list[str] = []  # paths of the GETs received (reset by each test)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server API
+        self.hits.append(self.path)
         ok = self.path == "/v1/models"
         self.send_response(200 if ok else 404)
         self.send_header("content-type", "application/json")
@@ -396,25 +498,72 @@ class _ModelsHandler(BaseHTTPRequestHandler):
 def test_healthz_and_readyz(tmp_path: Path) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    live = OpenAIBackend(f"http://127.0.0.1:{server.server_port}/v1", "lemon-orchestrator")
+    _ModelsHandler.hits = []
+    # credentials in the URL: they must never reach a caller of the (unauthenticated) probe
+    url = f"http://lemon:pa55word-xyz@127.0.0.1:{server.server_port}/v1"
+    live = OpenAIBackend(url, "lemon-orchestrator")
     try:
         with Harness(tmp_path, orchestrator=live) as h:
             assert h.client.get("/healthz").json() == {"status": "ok"}
             ready = h.client.get("/readyz")
             assert ready.status_code == 200, ready.text
             checks = ready.json()["checks"]
+            assert set(checks) == {"orchestrator", "level:small", "level:large"}
             assert checks["orchestrator"]["ok"] and "HTTP 200" in checks["orchestrator"]["detail"]
-            assert checks["level:small"]["ok"] and "EchoAgent" in checks["level:small"]["detail"]
+            assert checks["level:small"]["ok"] and checks["level:large"]["ok"]
+            assert "pa55word" not in ready.text and "127.0.0.1" not in ready.text and "://" not in ready.text
+            # cached: ten more probes within readiness_cache_s do not reach the backend again
+            for _ in range(10):
+                assert h.client.get("/readyz").status_code == 200
+            assert _ModelsHandler.hits == ["/v1/models"]
+            # HEAD works for probes that use it (was 405)
+            assert h.client.head("/healthz").status_code == 200
+            assert h.client.head("/readyz").status_code == 200
+        with Harness(tmp_path, orchestrator=live, readiness_cache_s=0) as h:
+            for _ in range(3):
+                assert h.client.get("/readyz").status_code == 200
+            assert len(_ModelsHandler.hits) == 4  # no cache: every probe checks
     finally:
         server.shutdown()
         server.server_close()
-    # the same backend once its server is gone: not ready
-    dead = OpenAIBackend(f"http://127.0.0.1:{server.server_port}/v1", "lemon-orchestrator")
+    # the same backend once its server is gone: not ready, still no URL
+    dead = OpenAIBackend(url, "lemon-orchestrator")
     with Harness(tmp_path, orchestrator=dead, readiness_timeout_s=1.0) as h:
         resp = h.client.get("/readyz")
         assert resp.status_code == 503
         assert resp.json()["ready"] is False and not resp.json()["checks"]["orchestrator"]["ok"]
+        assert "unreachable" in resp.json()["checks"]["orchestrator"]["detail"]
+        assert "pa55word" not in resp.text and "127.0.0.1" not in resp.text
         assert h.client.get("/healthz").status_code == 200
+
+
+def test_probes_answer_head(tmp_path: Path) -> None:
+    # issue #11: HEAD /healthz was 405 (uptime checkers and some load balancers probe with HEAD)
+    with Harness(tmp_path) as h:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            resp = h.client.head(path)
+            assert resp.status_code == 200, path
+            assert resp.content == b""
+        assert h.client.head("/v1/models").status_code == 401  # HEAD is no way around auth
+
+
+def test_trace_agent_errors_do_not_leak_backend_urls(tmp_path: Path) -> None:
+    from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
+
+    # the answer comes from 'solve'; 'check' fails but is not needed, so the request succeeds (200)
+    spec = OrchestrationSpec(agents=[
+        AgentSpec(id="solve", role="Solver", base_role="solver", duty="Solve it.", capacity="small"),
+        AgentSpec(id="check", role="Checker", base_role="verifier", duty="Check it.", capacity="large",
+                  depends_on=["solve"]),
+    ], output="solve")
+    agents = {"small": EchoAgent("small"),
+              "large": EchoAgent("large", error="cannot reach http://svc:hunter2@10.0.0.7:8000/v1 (refused)")}
+    with Harness(tmp_path, script=[f"```yaml\n{render_spec(spec)}```"], agents=agents) as h:
+        resp = h.post("/v1/orchestrate", {"task": "t"})
+        assert resp.status_code == 200, resp.text
+        check = resp.json()["trace"]["agents"][1]
+        assert check["error"] == "cannot reach <url> (refused)"
+        assert "hunter2" not in resp.text and "10.0.0.7" not in resp.text
 
 
 def test_metrics_exposition(tmp_path: Path) -> None:
@@ -433,6 +582,11 @@ def test_metrics_exposition(tmp_path: Path) -> None:
         assert m["lemon_tokens_total{capacity=large,kind=completion}"] == 60
         assert m["lemon_cost_usd_total{capacity=small}"] == pytest.approx(3 * 50 / 1e6)
         assert "process_cpu_seconds_total" in m or "python_info{" in "".join(m)
+        # training, rollout and evaluation series are not the service's: no gauges stuck at 0 here
+        names = {k.split("{")[0] for k in m}
+        assert not [n for n in names if n.startswith(("lemon_train_", "lemon_eval_", "lemon_rollout_",
+                                                       "lemon_counterfactual_", "lemon_spec_valid"))]
+        assert "# TYPE lemon_train_loss" not in resp.text
 
 
 # --- settings and CLI -----------------------------------------------------------------------------
@@ -473,6 +627,13 @@ def test_serve_command_help_and_bad_input(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "not found" in missing.output
     no_auth = runner.invoke(app, ["serve", "--pool", "simulated"])
     assert no_auth.exit_code == 2 and "--auth-token-file" in no_auth.output
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("max_agents: 3\nport: [8080\n")
+    bad_yaml = runner.invoke(app, ["serve", "--config", str(malformed), "--allow-unauthenticated"])
+    assert bad_yaml.exit_code == 2, bad_yaml.output
+    assert bad_yaml.exception is None or isinstance(bad_yaml.exception, SystemExit)  # no traceback
+    assert "not valid YAML" in bad_yaml.output and "malformed.yaml" in bad_yaml.output
+    assert "line " in bad_yaml.output and len(bad_yaml.output.strip().splitlines()) == 1
     bad_model = runner.invoke(app, ["serve", "--pool", "simulated", "--allow-unauthenticated",
                                     "--orchestrator", str(tmp_path / "no-such-checkpoint")])
     assert bad_model.exit_code == 2 and "cannot load model" in bad_model.output

@@ -54,6 +54,31 @@ def serve_in_thread(app: Any) -> Iterator[str]:
         sock.close()
 
 
+@contextlib.contextmanager
+def serve_like_lemon_serve(app: Any) -> Iterator[tuple[str, Any]]:
+    """Run ``app`` in a thread on the server ``lemon serve`` uses (read timeouts, draining shutdown)."""
+    from lemon_core.cli_serve import DrainingServer, server_config
+
+    settings = app.state.service.settings
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = DrainingServer(server_config(app, settings), app, settings.shutdown_grace_s)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert server.started, "uvicorn did not start"
+    server.lemon_thread = thread
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
 def doubles_app(tmp_path: Path, gate: threading.Event | None = None, **overrides: Any) -> Any:
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKEN + "\n")
@@ -123,9 +148,107 @@ def test_openai_sdk_sees_429_with_retry_after(tmp_path: Path) -> None:
         assert first == ["[large] The answer is 42."]
 
 
+def _task_texts(app: Any) -> list[str]:
+    calls = app.state.service.orchestrator.backend.calls
+    return [req.messages[-1][1].split("\n")[1] for batch in calls for req in batch]
+
+
+def test_a_client_that_gives_up_frees_its_slot_and_is_not_run(tmp_path: Path) -> None:
+    # issue #11: two clients that gave up after 4 s held both slots for ~77 s while others got 429
+    gate = threading.Event()
+    app = doubles_app(tmp_path, gate=gate, max_concurrent_requests=2, batch_wait_ms=0)
+    service = app.state.service
+    body = {"model": "lemon", "messages": [{"role": "user", "content": ""}]}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def chat(task: str, timeout: float) -> int:
+        msg = {**body, "messages": [{"role": "user", "content": task}]}
+        return httpx.post(f"{url}/v1/chat/completions", json=msg, headers=auth, timeout=timeout).status_code
+
+    with serve_in_thread(app) as url:
+        codes: list[int] = []
+        first = threading.Thread(target=lambda: codes.append(chat("task-first", 30)))
+        first.start()  # its batch waits at the gate, holding the worker
+        deadline = time.time() + 10
+        while not gate_waiters(app) and time.time() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(httpx.ReadTimeout):
+            chat("task-gone", 0.5)  # queued behind the first, then the client gives up
+        deadline = time.time() + 5
+        while service.limiter.active > 1 and time.time() < deadline:
+            time.sleep(0.02)
+        assert service.limiter.active == 1, "the abandoned request still holds its slot"
+        second = threading.Thread(target=lambda: codes.append(chat("task-second", 30)))
+        second.start()
+        deadline = time.time() + 5
+        while service.limiter.active < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        gate.set()
+        first.join(timeout=20)
+        second.join(timeout=20)
+        assert codes == [200, 200]  # the second was admitted, not refused with 429
+        assert _task_texts(app) == ["task-first", "task-second"]  # the abandoned one never ran
+
+
+def gate_waiters(app: Any) -> bool:
+    """True once the small agent has received a request (so the worker is busy at the gate)."""
+    return bool(app.state.service.pool.backend("small").requests)
+
+
+def test_slow_headers_are_cut_off(tmp_path: Path) -> None:
+    app = doubles_app(tmp_path, header_timeout_s=0.5)
+    with serve_like_lemon_serve(app) as (url, _), socket.create_connection(
+            ("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5) as conn:
+        t0 = time.monotonic()
+        conn.sendall(b"POST /v1/orchestrate HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        assert conn.recv(1024) == b""  # closed by the server
+        assert time.monotonic() - t0 < 3
+        assert httpx.get(f"{url}/healthz").status_code == 200  # a prompt client is served
+
+
+def test_slow_body_gets_408(tmp_path: Path) -> None:
+    app = doubles_app(tmp_path, body_timeout_s=0.5)
+    with serve_like_lemon_serve(app) as (url, _), socket.create_connection(
+            ("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5) as conn:
+        t0 = time.monotonic()
+        conn.sendall(b"POST /v1/orchestrate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"task\"")
+        reply = conn.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert b"request_timeout" in reply and time.monotonic() - t0 < 3
+
+
+def test_shutdown_drains_within_the_grace_period(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    gate = threading.Event()  # a batch that would never finish on its own
+    app = doubles_app(tmp_path, gate=gate, shutdown_grace_s=1.0, batch_wait_ms=0)
+    replies: list[httpx.Response] = []
+    try:
+        with serve_like_lemon_serve(app) as (url, server):
+            worker = threading.Thread(target=lambda: replies.append(httpx.post(
+                f"{url}/v1/orchestrate", json={"task": "t"}, headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=30)))
+            worker.start()
+            deadline = time.time() + 10
+            while not gate_waiters(app) and time.time() < deadline:
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            server.should_exit = True  # what SIGTERM does
+            server.lemon_thread.join(timeout=15)
+            took = time.monotonic() - t0
+            worker.join(timeout=5)
+    finally:
+        gate.set()
+    assert not server.lemon_thread.is_alive()
+    assert 1.0 <= took < 1.0 + 3.0, took  # the grace period, then out (the chart gives 30 s for 25 s)
+    assert replies and replies[0].status_code == 503
+    assert replies[0].json()["error"]["type"] == "shutting_down"
+    assert not [r for r in caplog.records if r.exc_info], "tracebacks were logged during shutdown"
+
+
 # --- `lemon serve` started like the Helm chart starts it ----------------------------------------------
-def fake_openai_server(spec_text: str) -> FastAPI:
-    """TEST DOUBLE of a vLLM OpenAI server: the orchestrator model writes ``spec_text``, others answer 42."""
+def fake_openai_server(spec_text: str, stall: threading.Event | None = None) -> FastAPI:
+    """TEST DOUBLE of a vLLM OpenAI server: the orchestrator model writes ``spec_text``, others answer 42
+    (after ``stall`` is set, when given: a level server that hangs)."""
     fake = FastAPI()
     fake.state.models = []
 
@@ -136,6 +259,8 @@ def fake_openai_server(spec_text: str) -> FastAPI:
     @fake.post("/v1/chat/completions")
     def chat(body: dict[str, Any]) -> dict[str, Any]:
         fake.state.models.append(body["model"])
+        if stall is not None and body["model"] != "lemon-orchestrator":
+            stall.wait(timeout=60)
         text = spec_text if body["model"] == "lemon-orchestrator" else f"({body['model']}) The answer is 42."
         return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -149,6 +274,73 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_lemon_serve(tmp_path: Path, fake_url: str, **env: str) -> tuple[subprocess.Popen[str], str]:
+    """``lemon serve`` in a subprocess, configured like the chart does, over the fake OpenAI server."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        "levels:\n"
+        f"  - {{name: small, backend: openai, model: qwen-7b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+        "      price_in_per_1m: 0.2, price_out_per_1m: 0.2, max_tokens: 64}\n"
+        f"  - {{name: large, backend: openai, model: qwen-32b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
+        "      price_in_per_1m: 0.9, price_out_per_1m: 0.9, max_tokens: 64}\n")
+    tokens = tmp_path / "auth" / "tokens"
+    tokens.parent.mkdir()
+    tokens.write_text(TOKEN + "\n")
+    port = free_port()
+    full_env = {**os.environ, "LEMON_LOG_LEVEL": "info", "LEMON_CACHE_DIR": str(tmp_path / "cache"),
+                "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "LEMON_ORCHESTRATOR_BASE_URL": f"{fake_url}/v1",
+                **env}
+    cmd = [sys.executable, "-c", "from lemon_core.cli import app; app()", "serve", "--host=127.0.0.1",
+           f"--port={port}", f"--pool={pool}", "--orchestrator=lemon-orchestrator", f"--auth-token-file={tokens}"]
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc, url
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("lemon serve did not start: " + proc.communicate()[0])
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stuck_backend_exits_within_the_grace_period(tmp_path: Path) -> None:
+    # issue #11: shutdown after SIGTERM took ~70 s (chart grace: 30 s) and logged tracebacks
+    stall = threading.Event()
+    fake = fake_openai_server(two_agent_spec(), stall=stall)
+    try:
+        with serve_in_thread(fake) as fake_url:
+            proc, url = start_lemon_serve(tmp_path, fake_url, LEMON_SHUTDOWN_GRACE_S="2")
+            replies: list[httpx.Response] = []
+            client = threading.Thread(target=lambda: replies.append(httpx.post(
+                f"{url}/v1/orchestrate", json={"task": "40+2?"}, headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=60)))
+            client.start()
+            deadline = time.time() + 20
+            while "qwen-7b" not in fake.state.models and time.time() < deadline:
+                time.sleep(0.05)
+            assert "qwen-7b" in fake.state.models  # the request is stuck in the level's backend
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            took = time.monotonic() - t0
+            client.join(timeout=10)
+            stall.set()  # let the fake server's stuck handler end before the fake server stops
+    finally:
+        stall.set()
+    assert took < 2 + 4, f"shutdown took {took:.1f} s with a 2 s grace period"
+    assert replies and replies[0].status_code == 503 and replies[0].json()["error"]["type"] == "shutting_down"
+    assert proc.returncode in (0, -signal.SIGTERM), out
+    assert "Traceback" not in out and "Exception in ASGI application" not in out, out
+    assert "Application shutdown complete" in out
 
 
 @pytest.mark.slow

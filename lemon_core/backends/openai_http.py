@@ -6,6 +6,10 @@ cache and rate limits). The asyncio loop lives in a private background thread, s
 plain blocking call that works the same from a script, a worker thread, or code that is itself
 running inside an event loop (FastAPI) - where ``asyncio.run`` would fail.
 
+A reply's ``usage`` is bookkeeping, not the answer: a missing, negative or non-numeric token count
+(some OpenAI-compatible servers send strings or nulls) counts as 0 and is noted in
+``Completion.extra["usage_problem"]``, instead of failing the whole micro-batch.
+
 Retries: 429, 5xx and connection failures are retried with exponential backoff and jitter, honouring
 ``Retry-After``. Read timeouts are not retried: a request that outlived ``timeout_s`` once will most
 likely do so again, and retrying would multiply the wait of the whole DAG level.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import os
 import random
 import threading
@@ -186,11 +191,31 @@ def _parse(resp: httpx.Response, t0: float, attempts: int) -> Completion:
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         why = f"malformed chat completion response ({e!r}): {resp.text[:300]}"
         return Completion("", latency_s=latency, error=why)
-    usage = data.get("usage") or {}
-    return Completion(
-        text=text,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        latency_s=latency,
-        extra={"finish_reason": choice.get("finish_reason"), "attempts": attempts, "id": data.get("id")},
-    )
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    prompt_tokens, bad_prompt = _token_count(usage.get("prompt_tokens"))
+    completion_tokens, bad_completion = _token_count(usage.get("completion_tokens"))
+    extra: dict[str, Any] = {"finish_reason": choice.get("finish_reason"), "attempts": attempts, "id": data.get("id")}
+    problems = [f"{name}={value!r}" for name, value, bad in (
+        ("prompt_tokens", usage.get("prompt_tokens"), bad_prompt),
+        ("completion_tokens", usage.get("completion_tokens"), bad_completion)) if bad]
+    if problems:
+        extra["usage_problem"] = f"unusable usage from the server ({', '.join(problems)}); counted as 0"
+    return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      latency_s=latency, extra=extra)
+
+
+def _token_count(value: Any) -> tuple[int, bool]:
+    """(count, whether the value was unusable). None means "not reported" (0, fine); an integral number or
+    numeric string is taken; anything else (text, negative, NaN, bool, a list) is 0 and flagged."""
+    if value is None:
+        return 0, False
+    if isinstance(value, bool):
+        return 0, True
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0, True
+    if not math.isfinite(number) or number < 0 or number != int(number):
+        return 0, True
+    return int(number), False

@@ -2,8 +2,13 @@
 
 Every error a client sees has one JSON shape, ``{"error": {"type", "message", "param"?}}`` (OpenAI's,
 so SDK clients print the message); nothing else - no stack trace, no backend URL - leaves the
-process: details go to the server log. Startup (the lifespan) builds every backend first, so a pod
-only accepts traffic once its models are loaded; /readyz then checks that HTTP backends answer.
+process: details go to the server log, and agent errors in a returned trace have URLs masked.
+Startup (the lifespan) builds every backend first, so a pod only accepts traffic once its models are
+loaded; /readyz then says per level whether its backend answers (ready / not ready, no URLs), from
+checks cached for ``readiness_cache_s`` so probes cannot fan out to every backend on each call.
+
+A request whose client disconnects is cancelled: its slot is freed at once and its job is marked
+abandoned, so the batch skips its re-sample and execution.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -18,7 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -26,15 +32,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lemon_core.backends.base import Backend
-from lemon_core.metrics import LemonMetrics, exposition, new_registry
+from lemon_core.metrics import SERVICE_PARTS, LemonMetrics, exposition, new_registry
 from lemon_core.pool import CapacityPool, load_pool
 from lemon_core.serve.auth import TokenAuth
-from lemon_core.serve.batcher import MicroBatcher
-from lemon_core.serve.limits import BodySizeLimit, ConcurrencyLimiter, error_body
+from lemon_core.serve.batcher import MicroBatcher, ShuttingDown
+from lemon_core.serve.limits import AuthGate, BodySizeLimit, ConcurrencyLimiter, error_body
 from lemon_core.serve.orchestrator import Job, JobResult, Orchestrator, make_orchestrator_backend, run_jobs
 from lemon_core.serve.settings import ServeSettings
 
 log = logging.getLogger("lemon.serve")
+PROBE_PATHS = ("/healthz", "/readyz", "/metrics")
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 
 
 class ApiError(Exception):
@@ -130,7 +138,9 @@ class Service:
                  registry: Any) -> None:
         self.settings = settings
         self.pool = pool
-        self.metrics = LemonMetrics(registry)
+        self.metrics = LemonMetrics(registry, parts=SERVICE_PARTS)
+        self.readiness: tuple[float, dict[str, dict[str, Any]]] | None = None  # (checked at, checks)
+        self.readiness_lock = asyncio.Lock()
         self.auth = None if settings.allow_unauthenticated else TokenAuth(settings.auth_token_file or "")
         self.limiter = ConcurrencyLimiter(settings.max_concurrent_requests)
         self._given_backend = orchestrator_backend
@@ -190,17 +200,16 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
             await service.batcher.stop()
             service.close()
 
-    app = FastAPI(title="lemon", version="0.1.0", lifespan=lifespan,
+    docs = settings.enable_docs
+    app = FastAPI(title="lemon", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url=None, swagger_ui_oauth2_redirect_url="/docs/oauth2-redirect" if docs else None,
                   description="Serve a LEMON orchestrator: task -> multi-agent spec -> executed answer.")
     app.state.service = service
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    public = PROBE_PATHS + (("/openapi.json", "/docs", "/docs/oauth2-redirect") if docs else ())
+    # added last = runs first: the token is checked before the body is read
+    app.add_middleware(AuthGate, check=service.auth.check if service.auth else None, public=public)
     _install_error_handlers(app)
-
-    async def authenticated(request: Request) -> None:
-        if service.auth is not None and not service.auth.check(request.headers.get("authorization")):
-            raise ApiError(401, "authentication_error",
-                           "missing or wrong bearer token; send 'Authorization: Bearer <token>'",
-                           headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/healthz", tags=["probes"])
     async def healthz() -> dict[str, str]:
@@ -209,8 +218,8 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
 
     @app.get("/readyz", tags=["probes"])
     async def readyz() -> JSONResponse:
-        """Every backend is usable: HTTP ones answer GET {base_url}/models, in-process ones are loaded."""
-        checks = await _check_backends(service)
+        """Ready when every level's backend and the orchestrator's answer (cached a few seconds)."""
+        checks = await _readiness(service)
         ready = all(c["ok"] for c in checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
@@ -218,31 +227,38 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
     async def metrics() -> Response:
         return Response(exposition(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=[Depends(authenticated)])
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics)):
+        # HEAD for probes and uptime checkers that use it (was 405); the server sends no body
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
+
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": settings.served_model_name, "object": "model",
                                             "created": 0, "owned_by": "lemon"}]}
 
-    @app.post("/v1/orchestrate", response_model=OrchestrateResponse, dependencies=[Depends(authenticated)])
-    async def orchestrate(body: OrchestrateRequest) -> OrchestrateResponse:
+    @app.post("/v1/orchestrate", response_model=OrchestrateResponse)
+    async def orchestrate(body: OrchestrateRequest, request: Request) -> OrchestrateResponse:
         """Task -> the spec the orchestrator wrote, the executed trace, and the answer."""
-        job = _job(settings, body.task, "task", body.answer_format, body.benchmark, body.budget)
-        result = await _run(service, job)
+        job = _job(service, body.task, "task", body.answer_format, body.benchmark, body.budget)
+        result = await _run(service, job, request)
         return _orchestrate_response(result)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authenticated)])
-    async def chat_completions(body: ChatRequest) -> Response:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
         """OpenAI-compatible: the last user message is the task, the team's answer is the reply."""
         if body.model != settings.served_model_name:
             raise ApiError(404, "model_not_found", f"model {body.model!r} does not exist; use "
                            f"{settings.served_model_name!r}", param="model")
         budget = body.budget or Budget()
         cap = body.max_completion_tokens or body.max_tokens
+        cap_param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         if cap is not None and budget.max_tokens is None:
             budget = Budget(max_agents=budget.max_agents, max_tokens=cap)
+        else:
+            cap_param = "budget.max_tokens"
         task = _last_user_text(body.messages)
-        job = _job(settings, task, "messages", body.answer_format, body.benchmark, budget)
-        result = await _run(service, job)
+        job = _job(service, task, "messages", body.answer_format, body.benchmark, budget, cap_param)
+        result = await _run(service, job, request)
         completion = _chat_body(settings.served_model_name, result)
         if not body.stream:
             return JSONResponse(completion)
@@ -253,14 +269,19 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
 
 
 # --- request handling -----------------------------------------------------------------------------
-def _job(settings: ServeSettings, task: str, task_param: str, answer_format: str | None,
-         benchmark: str | None, budget: Budget | None) -> Job:
+def _job(service: Service, task: str, task_param: str, answer_format: str | None,
+         benchmark: str | None, budget: Budget | None, tokens_param: str = "budget.max_tokens") -> Job:
     """Validate one request's task, format and budget against the server's limits."""
+    settings = service.settings
     if not task.strip():
         raise ApiError(422, "invalid_request", f"{task_param}: the task is empty", param=task_param)
     if len(task) > settings.max_task_chars:
         raise ApiError(422, "invalid_request", f"{task_param}: the task is {len(task)} characters, at most "
                        f"{settings.max_task_chars} allowed; shorten it", param=task_param)
+    if answer_format and len(answer_format) > settings.max_answer_format_chars:
+        raise ApiError(422, "invalid_request", f"answer_format: {len(answer_format)} characters, at most "
+                       f"{settings.max_answer_format_chars} allowed; describe the format in one short line",
+                       param="answer_format")
     if answer_format and benchmark:
         raise ApiError(422, "invalid_request", "give answer_format or benchmark, not both", param="benchmark")
     if benchmark:
@@ -271,17 +292,35 @@ def _job(settings: ServeSettings, task: str, task_param: str, answer_format: str
         except ValueError as e:
             raise ApiError(422, "invalid_request", f"benchmark: {e}", param="benchmark") from None
     budget = budget or Budget()
-    for name, asked, cap in (("max_agents", budget.max_agents, settings.max_agents),
-                             ("max_tokens", budget.max_tokens, settings.max_tokens)):
-        if asked is not None and asked > cap:
-            raise ApiError(422, "invalid_request", f"budget.{name}={asked} is over this server's limit "
-                           f"of {cap}; ask for at most {cap}", param=f"budget.{name}")
+    _check_budget(service, budget, tokens_param)
     return Job(task=task, answer_format=answer_format or "",
                max_agents=budget.max_agents or settings.max_agents,
                max_tokens=budget.max_tokens or settings.max_tokens)
 
 
-async def _run(service: Service, job: Job) -> JobResult:
+def _check_budget(service: Service, budget: Budget, tokens_param: str) -> None:
+    """422 before any model runs for a budget over the server's limits or below what any spec needs.
+
+    The floor: ``min_budget_agents`` agents at the cheapest level's ``max_tokens``. A tighter budget
+    cannot be met by any team the orchestrator writes, and re-sampling it only ended in a 502.
+    """
+    s = service.settings
+    floor_agents = min(s.min_budget_agents, s.max_agents)
+    floor_tokens = floor_agents * min(level.max_tokens for level in service.pool.levels)
+    for name, param, asked, low, high in (
+            ("max_agents", "budget.max_agents", budget.max_agents, floor_agents, s.max_agents),
+            ("max_tokens", tokens_param, budget.max_tokens, floor_tokens, s.max_tokens)):
+        if asked is not None and asked > high:
+            raise ApiError(422, "invalid_request", f"{param}={asked} is over this server's limit of {high}; "
+                           f"ask for at most {high}", param=param)
+        if asked is not None and asked < low:
+            why = (f"the orchestrator writes teams of at least {floor_agents} agents" if name == "max_agents" else
+                   f"{floor_agents} agent(s) at the cheapest level may generate {floor_tokens} tokens")
+            raise ApiError(422, "invalid_request", f"{param}={asked} cannot be met: {why}; ask for at least "
+                           f"{low} (or leave it out)", param=param)
+
+
+async def _run(service: Service, job: Job, request: Request) -> JobResult:
     """Admission (429 when full), batching, metrics, and failures turned into client errors."""
     s = service.settings
     if not service.limiter.try_acquire():
@@ -291,7 +330,7 @@ async def _run(service: Service, job: Job) -> JobResult:
     service.metrics.requests_in_flight.inc()
     t0 = time.perf_counter()
     try:
-        result = await service.batcher.submit(job)
+        result = await _submit_unless_gone(service, job, request)
     finally:
         service.limiter.release()
         service.metrics.requests_in_flight.dec()
@@ -309,6 +348,35 @@ async def _run(service: Service, job: Job) -> JobResult:
     return result
 
 
+async def _submit_unless_gone(service: Service, job: Job, request: Request) -> JobResult:
+    """The job's result, or cancellation as soon as the client disconnects (its slot is freed then)."""
+    work = asyncio.ensure_future(service.batcher.submit(job))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():  # the client went away, or this handler itself was cancelled (shutdown)
+            job.abandoned.set()
+            work.cancel()
+    if work.cancelled():
+        log.info("client went away; request cancelled")
+        raise ApiError(499, "client_closed_request", "the client closed the connection")
+    try:
+        return work.result()
+    except ShuttingDown:
+        raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
+                       headers={"Retry-After": str(service.settings.retry_after_s)}) from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is already read, so the next message is the end)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
 def _orchestrate_response(result: JobResult) -> OrchestrateResponse:
     spec, trace = result.spec, result.trace
     assert spec.parsed is not None and trace is not None
@@ -323,7 +391,7 @@ def _orchestrate_response(result: JobResult) -> OrchestrateResponse:
             agents=[AgentOut(id=a.agent_id, role=roles.get(a.agent_id, ""), capacity=a.capacity,
                              output=a.output, prompt_tokens=a.prompt_tokens,
                              completion_tokens=a.completion_tokens, cost=a.cost, latency_s=a.latency_s,
-                             cached=a.cached, error=a.error) for a in trace.agents],
+                             cached=a.cached, error=_mask_urls(a.error)) for a in trace.agents],
             prompt_tokens=trace.prompt_tokens, completion_tokens=trace.completion_tokens,
             total_tokens=trace.tokens, cost=trace.cost, latency_s=trace.latency_s),
         answer=trace.answer, seconds=result.seconds,
@@ -370,10 +438,26 @@ async def _sse_chunks(completion: dict[str, Any], include_usage: bool) -> AsyncI
     yield b"data: [DONE]\n\n"
 
 
-async def _check_backends(service: Service) -> dict[str, dict[str, Any]]:
-    """Per backend: ok + detail. HTTP backends get GET {base_url}/models with a short timeout."""
+def _mask_urls(text: str | None) -> str | None:
+    """``text`` with every URL (which may carry credentials or internal hosts) replaced by ``<url>``."""
+    return URL.sub("<url>", text) if text else text
+
+
+async def _readiness(service: Service) -> dict[str, dict[str, Any]]:
+    """The backend checks, re-run at most once per ``readiness_cache_s`` however many probes ask."""
     if service.orchestrator is None:
         return {"startup": {"ok": False, "detail": "backends are still loading"}}
+    async with service.readiness_lock:  # concurrent probes wait for one check instead of each fanning out
+        now = time.monotonic()
+        cached = service.readiness
+        if cached is None or now - cached[0] >= service.settings.readiness_cache_s:
+            service.readiness = (now, await _check_backends(service))
+        return service.readiness[1]
+
+
+async def _check_backends(service: Service) -> dict[str, dict[str, Any]]:
+    """Per level (and the orchestrator): ok + a detail that names no URL. HTTP backends get
+    GET {base_url}/models with a short timeout, each server once however many levels share it."""
     checks: dict[str, dict[str, Any]] = {}
     urls: dict[str, tuple[str, dict[str, str]]] = {}  # name -> (base_url, headers)
     for name, backend in service.backends().items():
@@ -381,7 +465,7 @@ async def _check_backends(service: Service) -> dict[str, dict[str, Any]]:
         if isinstance(base_url, str):
             urls[name] = (base_url, getattr(backend, "headers", {}))
         else:
-            checks[name] = {"ok": True, "detail": f"{type(backend).__name__} loaded in process"}
+            checks[name] = {"ok": True, "detail": "loaded in process"}
     unique = {url: headers for url, headers in urls.values()}
     async with httpx.AsyncClient(timeout=service.settings.readiness_timeout_s) as client:
         # all servers at once, so /readyz answers within one timeout (the probe's own is 3 s)
@@ -392,11 +476,20 @@ async def _check_backends(service: Service) -> dict[str, dict[str, Any]]:
 
 
 async def _probe(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """One server's check; the URL goes to the log only (it may hold credentials)."""
     try:
         resp = await client.get(f"{base_url}/models", headers=headers)
     except httpx.HTTPError as e:
-        return {"ok": False, "detail": f"{base_url}/models unreachable: {type(e).__name__}"}
-    return {"ok": resp.status_code == 200, "detail": f"GET {base_url}/models -> HTTP {resp.status_code}"}
+        log.warning("readiness: %s/models unreachable: %s", _redact_userinfo(base_url), type(e).__name__)
+        return {"ok": False, "detail": f"server unreachable ({type(e).__name__})"}
+    if resp.status_code != 200:
+        log.warning("readiness: GET %s/models -> HTTP %d", _redact_userinfo(base_url), resp.status_code)
+    return {"ok": resp.status_code == 200, "detail": f"GET /models -> HTTP {resp.status_code}"}
+
+
+def _redact_userinfo(url: str) -> str:
+    """``url`` without ``user:password@`` (for the log)."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -3,6 +3,11 @@
 Every presented token is compared with *every* configured token by ``hmac.compare_digest`` and no
 early exit, so response time does not reveal how much of a token matched nor which one. The file is
 re-read when its modification time changes: rotating the Secret needs no restart.
+
+Tokens are compared as bytes: the file is read as UTF-8 and the header's raw bytes are used as
+sent (HTTP header values are bytes; ASGI servers hand them over undecoded, and Starlette's ``str``
+view of them is Latin-1), so a token with non-ASCII characters works when the client sends it UTF-8
+encoded.
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ def read_tokens(path: str | Path) -> list[bytes]:
     if not p.is_file():
         raise AuthError(f"auth token file {str(p)!r} not found; mount the auth Secret or fix "
                         "--auth-token-file")
-    tokens = [line.strip().encode() for line in p.read_text().splitlines()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise AuthError(f"auth token file {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        "write the tokens as UTF-8") from None
+    tokens = [line.strip().encode("utf-8") for line in text.splitlines()
               if line.strip() and not line.lstrip().startswith("#")]
     if not tokens:
         raise AuthError(f"auth token file {str(p)!r} has no tokens; put one token per line")
@@ -59,14 +69,19 @@ class TokenAuth:
                 self._mtime = mtime
         return self._tokens
 
-    def check(self, authorization: str | None) -> bool:
-        """True when the header carries a configured token."""
+    def check(self, authorization: bytes | str | None) -> bool:
+        """True when the header (raw bytes, or Starlette's Latin-1 ``str`` of them) carries a token."""
         if not authorization:
             return False
-        scheme, _, presented = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
+        if isinstance(authorization, str):
+            try:
+                authorization = authorization.encode("latin-1")  # back to the bytes on the wire
+            except UnicodeEncodeError:
+                return False
+        scheme, _, presented = authorization.partition(b" ")
+        given = presented.strip()
+        if scheme.lower() != b"bearer" or not given:
             return False
-        given = presented.strip().encode()
         ok = False
         for token in self._current():
             ok |= hmac.compare_digest(given, token)

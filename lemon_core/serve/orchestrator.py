@@ -15,6 +15,7 @@ agents' capacity levels' ``max_tokens`` - known before anything runs, so a team 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,12 +36,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Job:
-    """One request's work: the task, how the answer must look, and its budget."""
+    """One request's work: the task, how the answer must look, and its budget.
+
+    ``abandoned`` is set by the HTTP layer when the client went away: the batch then skips the job's
+    re-sample and its execution, so nobody pays for an answer no one will read.
+    """
 
     task: str
     answer_format: str = ""
     max_agents: int = 8
     max_tokens: int = 8192
+    abandoned: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
 
 @dataclass
@@ -54,7 +60,7 @@ class SpecOutcome:
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
-    error_type: str | None = None  # "invalid_spec" | "orchestrator_unavailable"
+    error_type: str | None = None  # "invalid_spec" | "orchestrator_unavailable" | "abandoned"
 
 
 @dataclass
@@ -121,7 +127,7 @@ class Orchestrator:
     def write_specs(self, jobs: Sequence[Job]) -> list[SpecOutcome]:
         s = self.settings
         outcomes = [SpecOutcome() for _ in jobs]
-        todo = list(range(len(jobs)))
+        todo = [i for i, job in enumerate(jobs) if not job.abandoned.is_set()]
         for attempt, (seed, temperature) in enumerate(
                 [(s.seed, s.orchestrator_temperature), (s.seed + 1, s.resample_temperature)]):
             if not todo:
@@ -132,7 +138,7 @@ class Orchestrator:
                                    f"for {len(todo)} requests")
             for i, completion in zip(todo, completions, strict=True):
                 self._check(outcomes[i], jobs[i], completion, attempt + 1)
-            todo = [i for i in todo if outcomes[i].parsed is None]
+            todo = [i for i in todo if outcomes[i].parsed is None and not jobs[i].abandoned.is_set()]
         return outcomes
 
     def _check(self, out: SpecOutcome, job: Job, completion: Completion, attempt: int) -> None:
@@ -167,6 +173,9 @@ def run_jobs(orchestrator: Orchestrator, jobs: Sequence[Job]) -> list[JobResult]
     outcomes = orchestrator.write_specs(jobs)
     t1 = time.perf_counter()
     results = [JobResult(spec=o, seconds={"orchestrate": t1 - t0}) for o in outcomes]
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        if job.abandoned.is_set():
+            outcome.parsed, outcome.error, outcome.error_type = None, "the client went away", "abandoned"
     ok = [i for i, o in enumerate(outcomes) if o.parsed is not None]
     if ok:
         traces = execute_specs(

@@ -58,6 +58,25 @@ class ServeSettings(BaseSettings):
     batch_max_size: int = Field(16, ge=1, description="most requests orchestrated + executed together")
     batch_wait_ms: float = Field(10.0, ge=0, description="how long a batch waits for more requests")
     readiness_timeout_s: float = Field(2.0, gt=0, description="per-backend GET /models timeout of /readyz")
+    readiness_cache_s: float = Field(
+        5.0, ge=0, description="/readyz reuses its last backend checks this long, so probes never fan out "
+                               "to every backend on each call")
+    max_answer_format_chars: int = Field(500, ge=1, description="longer answer_format gets 422")
+    min_budget_agents: int = Field(
+        2, ge=1, description="smallest budget.max_agents a client may ask for: the orchestrator is not told "
+                             "budgets (it gets the prompt it was trained on) and writes teams, so a tighter "
+                             "budget would be met only by chance; it also sets the smallest max_tokens budget "
+                             "(this many agents at the cheapest level's max_tokens)")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a connection whose request headers are not complete this long is closed")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="a request body not complete this long after the headers gets 408")
+    shutdown_grace_s: float = Field(
+        25.0, gt=0, description="after SIGTERM, requests in progress get this long to finish before they are "
+                                "cancelled; keep it below the pod's terminationGracePeriodSeconds")
+    enable_docs: bool = Field(
+        False, description="serve the interactive API docs at /docs (the page loads its JavaScript from a "
+                           "public CDN, so it is off by default; /openapi.json is always there)")
     served_model_name: str = Field("lemon", description="model name of /v1/chat/completions")
 
 
@@ -68,7 +87,12 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> ServeSe
         path = Path(config)
         if not path.is_file():
             raise ValueError(f"serve config {str(path)!r} not found; pass an existing YAML file")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML ({_yaml_problem(e)}); fix the file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: a serve config is a YAML mapping of fields, "
                              f"got {type(loaded).__name__}")
@@ -86,6 +110,14 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> ServeSe
         return ServeSettings(**data)
     except ValidationError as e:
         raise ValueError(_problems(e)) from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """The YAML error on one line, with the line and column a person can look at."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 def _problems(e: ValidationError) -> str:

@@ -141,6 +141,10 @@ Cross-field checks the JSON schema cannot express; each failure names the values
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%v) is above autoscaling.maxReplicas (%v): lower min or raise max" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) }}
 {{- end }}
+{{- $grace := int .Values.serve.terminationGracePeriodSeconds }}
+{{- if gt (add (int .Values.serve.shutdownGraceSeconds) 3) $grace }}
+{{- fail (printf "serve.shutdownGraceSeconds (%v) must be at least 3 below serve.terminationGracePeriodSeconds (%v), or the kubelet kills the pod before it has drained: lower the first or raise the second" .Values.serve.shutdownGraceSeconds .Values.serve.terminationGracePeriodSeconds) }}
+{{- end }}
 {{- range .Values.pool.levels }}
 {{- if and (eq .backend "openai") (not .base_url) }}
 {{- $server := get $servers .name }}
