@@ -34,7 +34,14 @@ def evaluation_report(
     from pathlib import Path
 
     from lemon_core import storage
-    from lemon_core.stages import ORCHESTRATOR, load_config, read_summaries, should_publish, stage_report
+    from lemon_core.stages import (
+        ORCHESTRATOR,
+        load_config,
+        read_summaries,
+        root_of_summary,
+        should_publish,
+        stage_report,
+    )
 
     cfg = load_config(config_json)
     rows = read_summaries(summary_uris)
@@ -45,11 +52,12 @@ def evaluation_report(
     for r in rows:
         metrics.log_metric(f"{r['benchmark']}/{r['method']}/accuracy", float(r["accuracy"]))
         metrics.log_metric(f"{r['benchmark']}/{r['method']}/mean_cost_usd", float(r["mean_cost_usd"]))
+        metrics.log_metric(f"{r['benchmark']}/{r['method']}/valid_rate", float(r.get("valid_rate", 1.0)))
     publish, candidate, served = False, -1.0, -1.0
     if any(r["method"] == ORCHESTRATOR for r in rows):
         publish, candidate, served_or_none = should_publish(cfg, summary_uris)
         served = -1.0 if served_or_none is None else served_or_none
-    report_uri = storage.join(cfg.artifacts, "report", "report.html")
+    report_uri = storage.join(root_of_summary(summary_uris[0]), "report", "report.html")
     print(f"report: {report_uri}")
     return namedtuple("ReportOutputs", ["publish", "candidate", "served", "report_uri"])(
         publish, candidate, served, report_uri

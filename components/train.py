@@ -1,7 +1,7 @@
-"""train: SFT warm-up (mode=sft) or one GRPO update on rollout records (mode=grpo) -> checkpoint.
+"""train: one GRPO update on an iteration's rollout records -> checkpoint.
 
-With ``kubernetes.train_nodes > 1`` the GRPO update runs as a Kubeflow Trainer TrainJob
-(torch-distributed runtime) that this step creates and waits on; the checkpoint URI is the same.
+With ``kubernetes.train_nodes > 1`` the update runs as a Kubeflow Trainer TrainJob that this step
+creates and waits on (``lemon_core.trainjob.launch_train_step``); the checkpoint URI is the same.
 """
 
 from typing import Any
@@ -11,8 +11,6 @@ from components.common import lightweight
 
 def train(
     config_json: str,
-    mode: str,
-    manifest_uri: str,
     records_uris: list,
     iteration: int,
     checkpoint_uri: str,
@@ -20,56 +18,14 @@ def train(
     run_id: str,
 ) -> str:
     """Returns the URI of the checkpoint it wrote."""
-    import json
-
-    from lemon_core import storage
-    from lemon_core.stages import load_config, stage_sft, stage_train
+    from lemon_core.stages import load_config, stage_train
 
     cfg = load_config(config_json)
-    if mode == "sft":
-        return stage_sft(cfg, manifest_uri)
-    if mode != "grpo":
-        raise ValueError(f"mode {mode!r}: use 'sft' or 'grpo'")
-    k8s = cfg.kubernetes
-    if k8s.train_nodes <= 1:
+    if cfg.kubernetes.train_nodes <= 1:
         return stage_train(cfg, records_uris, iteration, checkpoint_uri, reference_uri)
-    from lemon_core.trainjob import Toleration, TrainJobConfig, run_trainjob, trainjob_name
+    from lemon_core.trainjob import launch_train_step
 
-    args = [
-        "--config",
-        config_json,
-        "--iteration",
-        str(iteration),
-        "--checkpoint",
-        checkpoint_uri,
-        "--reference",
-        reference_uri,
-        *[a for u in records_uris for a in ("--records", u)],
-    ]
-    job = TrainJobConfig(
-        name=trainjob_name(f"lemon-{iteration}", run_id),
-        namespace=k8s.namespace,
-        image=k8s.gpu_image,
-        command=["torchrun", "--no-python", "lemon", "train-step"],  # torchrun reads the PET_* env
-        args=args,
-        num_nodes=k8s.train_nodes,
-        gpus_per_node=k8s.gpus_per_pod,
-        gpu_resource=k8s.accelerator_type,
-        node_selector=k8s.node_selector,
-        tolerations=[Toleration(**t) for t in k8s.tolerations],
-        cache_pvc=k8s.cache_pvc,
-        cache_mount_path=k8s.cache_mount_path,
-        secret_env={env: (k8s.s3_secret, key) for env, key in k8s.s3_secret_keys.items()}
-        if k8s.s3_secret
-        else {},
-        labels={"lemon/run": cfg.name[:63]},
-    )
-    run_trainjob(
-        job, timeout_s=k8s.trainjob_timeout_s, on_state=lambda s, m: print(f"TrainJob {job.name}: {s} {m}")
-    )
-    uri = storage.join(cfg.artifacts, f"iter-{iteration:03d}", "checkpoint")
-    print(json.dumps({"checkpoint": uri}))
-    return uri
+    return launch_train_step(cfg, config_json, records_uris, iteration, checkpoint_uri, reference_uri, run_id)
 
 
 def make(image: str) -> Any:

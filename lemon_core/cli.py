@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
 
 from lemon_core.baselines import BASELINES, baseline_spec
@@ -54,8 +55,18 @@ def eval_command(
         help="Output folder; results go to OUT/<benchmark>-<method>/.")] = Path("results"),
     batch_size: Annotated[int, typer.Option(min=1, help="Examples executed together (batched per DAG level).")] = 8,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    orchestrator: Annotated[str | None, typer.Option(
+        help="Evaluate a trained orchestrator instead of a baseline: a checkpoint folder (lemon train's "
+             "checkpoints/ckpt-N, a pipeline's iter-N/checkpoint, a published serving/model) or a `lemon models` "
+             "alias. It writes one spec per example (greedy); an output that is not a valid spec scores 0 and is "
+             "counted in valid_rate, exactly as in the pipeline.")] = None,
+    train_config: Annotated[str | None, typer.Option(
+        help="With --orchestrator: the train config it was trained with (prompt settings, spec_format, "
+             "max_new_tokens). Default: the run's config.json next to a `lemon train` checkpoint, else "
+             "train-cpu.")] = None,
 ) -> None:
-    """Evaluate a baseline or a fixed spec on a benchmark; writes traces.jsonl and summary.json."""
+    """Evaluate a baseline, a fixed spec or a trained orchestrator on a benchmark; writes traces.jsonl and
+    summary.json (accuracy with its 95% interval and n, valid_rate, cost, tokens)."""
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.evaluate import evaluate
     from lemon_core.pool import PoolError, load_pool
@@ -68,6 +79,10 @@ def eval_command(
     level = capacity or the_pool.level_names[-1]
     if level not in the_pool.level_names:
         raise fail(f"--capacity {level!r} is not a level of this pool; use one of {the_pool.level_names}")
+    if orchestrator is not None:
+        _eval_orchestrator(orchestrator, train_config, benchmark.value, the_pool, split, limit, data_dir, out,
+                           batch_size, seed)
+        return
     try:
         if method == "spec-file":
             if spec is None:
@@ -89,6 +104,33 @@ def eval_command(
     out_dir = out / f"{benchmark.value}-{label}"
     summary, _ = evaluate(bench, examples, the_spec, the_pool, method=label,
                           split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size, seed=seed)
+    typer.echo(json.dumps(summary.model_dump(), indent=2))
+    typer.echo(f"traces: {out_dir / 'traces.jsonl'}")
+
+
+def _eval_orchestrator(orchestrator: str, train_config: str | None, benchmark: str, pool: Any, split: str | None,
+                       limit: int | None, data_dir: Path | None, out: Path, batch_size: int, seed: int) -> None:
+    """``lemon eval --orchestrator``: the pipeline's evaluation (``evaluate_orchestrator``) on one benchmark."""
+    from lemon_core.benchmarks import get as get_benchmark
+    from lemon_core.config import ORCHESTRATOR, TrainConfig
+    from lemon_core.evaluate import evaluate_orchestrator
+    from lemon_core.train import load_policy
+
+    if train_config is None:
+        beside = [p / "config.json" for p in Path(orchestrator).resolve().parents[:2]]
+        found = next((p for p in beside if p.is_file()), None)
+        train_config = str(found) if found else "train-cpu"
+    if train_config.endswith(".json"):
+        cfg = TrainConfig.model_validate_json(Path(train_config).read_text())
+    else:
+        cfg = TrainConfig.from_yaml(train_config)
+    bench = get_benchmark(benchmark)
+    examples = bench.load(split or bench.default_split, limit=limit, data_dir=data_dir)
+    policy = load_policy(cfg, orchestrator)
+    out_dir = out / f"{benchmark}-{ORCHESTRATOR}"
+    summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, method=ORCHESTRATOR,
+                                       split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size,
+                                       seed=seed, max_new_tokens=cfg.rollout.max_new_tokens)
     typer.echo(json.dumps(summary.model_dump(), indent=2))
     typer.echo(f"traces: {out_dir / 'traces.jsonl'}")
 
@@ -129,15 +171,38 @@ def _register_stage_commands() -> None:
     """Training, pipeline and serving commands live beside their modules; they are added here."""
     from lemon_core.cli_pipeline import pipeline_app, register
     from lemon_core.cli_serve import serve_command
+    from lemon_core.cli_spec import spec_app
     from lemon_core.cli_train import train_command
 
     app.command("train")(train_command)
     app.command("serve")(serve_command)
     app.add_typer(pipeline_app, name="pipeline")
+    app.add_typer(spec_app, name="spec")
     register(app)
 
 
 _register_stage_commands()
 
+
+def main() -> None:
+    """The ``lemon`` entry point: a problem the user can fix (``LemonError``: a bad config field, a missing
+    file, an unknown pool) is one red line and exit code 2, never a stack trace."""
+    from lemon_core.errors import LemonError
+
+    try:
+        code = app(standalone_mode=False)
+    except LemonError as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        raise SystemExit(2) from None
+    except click.exceptions.Abort:
+        typer.secho("aborted", err=True)
+        raise SystemExit(130) from None
+    except click.exceptions.ClickException as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()

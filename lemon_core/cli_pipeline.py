@@ -76,21 +76,26 @@ def run_command(
 
     if not local:
         raise _fail("only --local runs here; use `lemon pipeline submit --host ...` for a cluster")
+    from lemon_core.stages import new_run_id
+
     cfg = _config(config, artifacts)
+    cfg.run_id = cfg.run_id or new_run_id()
     result = run_local(cfg, _which(which))
+    root = storage.join(cfg.artifacts, cfg.run_id)
     rows = [
         json.loads(storage.read_text(u))
-        for u in storage.list(storage.join(cfg.artifacts, "eval"))
+        for u in storage.list(storage.join(root, "eval"))
         if u.endswith("summary.json")
     ]
     for r in sorted(rows, key=lambda r: (r["benchmark"], r["method"])):
         typer.echo(
-            f"{r['benchmark']:>11} {r['method']:>6}  accuracy={r['accuracy']:.3f}  n={r['n']}  "
-            f"cost/ex=${r['mean_cost_usd']:.2e}  tokens/ex={r['mean_tokens']:.0f}  "
-            f"invalid_specs={r.get('invalid_specs', 0)}"
+            f"{r['benchmark']:>11} {r['method']:>9}  accuracy={r['accuracy']:.3f} "
+            f"[{r.get('accuracy_ci_low', 0.0):.2f}, {r.get('accuracy_ci_high', 1.0):.2f}]  n={r['n']}  "
+            f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}  "
+            f"tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}"
         )
     typer.echo(f"wall time: {result['wall_s']:.0f} s")
-    typer.echo(f"report: {storage.join(cfg.artifacts, 'report', 'report.html')}")
+    typer.echo(f"report: {storage.join(root, 'report', 'report.html')}")
 
 
 @pipeline_app.command("submit")
@@ -124,7 +129,7 @@ def submit_command(
 
 
 def prepare_command(config: ConfigOpt = "local-cpu") -> None:
-    """Benchmark files -> seeded task shards + manifest under <artifacts>/tasks."""
+    """Benchmark files -> seeded task shards + manifest under <artifacts>/<run id>/tasks."""
     from lemon_core.stages import stage_prepare
 
     manifest, shards = stage_prepare(_config(config))
@@ -176,12 +181,15 @@ def publish_command(
     force: Annotated[bool, typer.Option(help="Publish even if it does not beat the served model.")] = False,
 ) -> None:
     """Copy the checkpoint to the serving location with a model card, if it beats the served model."""
-    from lemon_core.stages import should_publish, stage_publish
+    from lemon_core.stages import stage_publish
 
     cfg = _config(config)
-    ok, cand, served = should_publish(cfg, summaries)
-    if not (ok or force):
-        typer.echo(f"not published: candidate {cand:.4f} does not beat served {served}")
+    from lemon_core.gate import publish_decision
+    from lemon_core.stages import _served_card, read_summaries
+
+    decision = publish_decision(cfg, read_summaries(summaries), _served_card(cfg))
+    if not (decision.publish or force):
+        typer.echo(f"not published: {decision.reason}")
         raise typer.Exit(code=0)
     typer.echo(stage_publish(cfg, checkpoint, summaries))
 

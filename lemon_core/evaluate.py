@@ -1,9 +1,11 @@
-"""Evaluate a method (a baseline spec, a fixed spec file, or per-task specs) on a benchmark.
+"""The one evaluation: run specs on benchmark examples, score them, summarise honestly.
 
-Writes one JSON line per example (task, spec, every agent's prompt/output/tokens/cost, prediction,
-score) to ``traces.jsonl`` and the aggregate to ``summary.json``: accuracy, mean tokens, mean cost,
-mean critical-path latency, failure count. Examples run in batches so the executor can batch each
-DAG level across examples.
+A baseline is a fixed spec; the orchestrator is a function that writes one spec per example
+(``orchestrator_specs``). An orchestrator output that does not parse or validate is never replaced by
+a baseline: the example scores 0, its record says why (``error``, ``orchestrator_output``) and the
+summary counts it (``valid_rate``, ``invalid``). Every summary carries n and a 95% Wilson interval of
+the accuracy, and ``truncated_answers``: agent answers that stopped at their level's token cap, so a
+score on cut-off reasoning is visible.
 """
 
 from __future__ import annotations
@@ -11,18 +13,34 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-from tqdm.auto import tqdm
 
 from lemon_core.benchmarks import Benchmark
+from lemon_core.benchmarks import get as get_benchmark
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.pool import CapacityPool
+from lemon_core.progress import progress as progress_of
+from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.spec import OrchestrationSpec, validate_spec
+from lemon_core.stats import wilson_interval
 
-SpecSource = OrchestrationSpec | Callable[[Sequence[Any]], list[OrchestrationSpec]]
+
+@dataclass
+class InvalidSpec:
+    """An orchestrator output that is not an executable spec; it scores 0 and is counted."""
+
+    error: str
+    text: str
+    truncated: bool  # the orchestrator hit its token budget before finishing the spec
+
+
+SpecAttempt = OrchestrationSpec | InvalidSpec
+SpecSource = OrchestrationSpec | Sequence[SpecAttempt] | Callable[[Sequence[Any]], list[SpecAttempt]]
+Scorer = Callable[[str, Any], float]
 
 
 class EvalSummary(BaseModel):
@@ -33,16 +51,52 @@ class EvalSummary(BaseModel):
     split: str
     n: int
     accuracy: float
+    accuracy_ci_low: float = 0.0
+    accuracy_ci_high: float = 1.0
+    valid_rate: float = 1.0
+    invalid: int = 0
+    truncated_specs: int = 0
+    truncated_answers: int = 0
     mean_tokens: float
     mean_cost_usd: float
     mean_latency_s: float
     agent_calls: int
     failures: int
     wall_s: float
+    sandbox_mode: str | None = None
+
+
+def orchestrator_specs(
+    policy: Any, pool: CapacityPool, *, max_new_tokens: int, seed: int
+) -> Callable[[Sequence[Any]], list[SpecAttempt]]:
+    """The orchestrator as a spec source: one greedy spec per example, or the ``InvalidSpec`` it wrote."""
+
+    def specs(batch: Sequence[Any]) -> list[SpecAttempt]:
+        return write_specs(policy, batch, pool, max_new_tokens=max_new_tokens, seed=seed)
+
+    return specs
+
+
+def write_specs(
+    policy: Any, examples: Sequence[Any], pool: CapacityPool, *, max_new_tokens: int, seed: int
+) -> list[SpecAttempt]:
+    """Greedy orchestrator output per example, parsed; every rank of a sharded policy must call it."""
+    from lemon_core.rollout import parse_completion
+
+    prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
+    samples = [g[0] for g in policy.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed)]
+    out: list[SpecAttempt] = []
+    for s in samples:
+        parsed, error = parse_completion(s.text, pool)
+        if parsed is not None:
+            out.append(parsed.spec)
+        else:
+            out.append(InvalidSpec(error=error or "invalid spec", text=s.text, truncated=not s.finished))
+    return out
 
 
 def evaluate(
-    benchmark: Benchmark,
+    benchmark: Benchmark | None,
     examples: Sequence[Any],
     specs: SpecSource,
     pool: CapacityPool,
@@ -53,58 +107,121 @@ def evaluate(
     batch_size: int = 8,
     seed: int = 0,
     progress: bool = True,
+    scorer: Scorer | None = None,
+    reward_cfg: RewardConfig | None = None,
+    sandbox_mode: str | None = None,
 ) -> tuple[EvalSummary, list[dict[str, Any]]]:
-    """Run ``specs`` on ``examples`` and score them. ``specs`` is one spec for all examples, or a
-    function mapping a batch of examples to one spec each (the orchestrator)."""
+    """Run ``specs`` on ``examples`` and score them.
+
+    ``specs`` is one spec for all examples, a list of one spec (or ``InvalidSpec``) per example, or a
+    function mapping a batch of examples to those (the orchestrator). ``benchmark`` None scores each
+    example with its own benchmark; ``scorer`` replaces benchmark scoring (tests, custom tasks);
+    ``reward_cfg`` adds each example's training reward to its record.
+    """
     if isinstance(specs, OrchestrationSpec):
         validate_spec(specs, pool.level_names)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
     cache = ExecutionCache()
-    bar = tqdm(total=len(examples), desc=f"{benchmark.name}/{method}", unit="ex", disable=not progress)
+    bar = progress_of(len(examples), f"evaluate {benchmark.name if benchmark else 'tasks'}/{method}",
+                      unit="example", mode=None if progress else "off")
     for lo in range(0, len(examples), batch_size):
         batch = list(examples[lo : lo + batch_size])
-        batch_specs = [specs] * len(batch) if isinstance(specs, OrchestrationSpec) else specs(batch)
-        traces = execute_specs(batch_specs, batch, pool, cache=cache, seed=seed)
-        for example, trace in zip(batch, traces, strict=True):
-            records.append(_score_record(benchmark, example, trace))
-        bar.update(len(batch))
-        bar.set_postfix(acc=f"{sum(r['score'] for r in records) / len(records):.2f}")
+        batch_specs = _specs_for(specs, batch, lo)
+        runnable = [i for i, s in enumerate(batch_specs) if isinstance(s, OrchestrationSpec)]
+        traces = execute_specs([batch_specs[i] for i in runnable], [batch[i] for i in runnable], pool,
+                               cache=cache, seed=seed)
+        by_index = dict(zip(runnable, traces, strict=True))
+        for i, (example, spec) in enumerate(zip(batch, batch_specs, strict=True)):
+            if isinstance(spec, InvalidSpec):
+                records.append(_invalid_record(example, spec, reward_cfg))
+            else:
+                records.append(_score_record(benchmark, example, by_index[i], pool, scorer, reward_cfg))
+        bar.update(len(batch), accuracy=sum(r["score"] for r in records) / len(records),
+                   valid=sum(r["valid"] for r in records) / len(records))
     bar.close()
-    summary = summarize(records, benchmark=benchmark.name, method=method, split=split,
-                        wall_s=time.perf_counter() - start)
+    summary = summarize(records, benchmark=benchmark.name if benchmark else "mixed", method=method, split=split,
+                        wall_s=time.perf_counter() - start, sandbox_mode=sandbox_mode)
     if out_dir is not None:
         write_results(out_dir, records, summary)
     return summary, records
 
 
-def _score_record(benchmark: Benchmark, example: Any, trace: Trace) -> dict[str, Any]:
-    prediction = benchmark.extract(trace.answer, example) if trace.ok else None
-    score = benchmark.score(prediction, example) if prediction is not None else 0.0
-    return {"id": example.id, "gold": example.answer, "prediction": prediction, "score": score,
-            "agent_calls": trace.agent_calls, "tokens": trace.tokens, **trace.to_dict()}
+def evaluate_orchestrator(
+    policy: Any, pool: CapacityPool, examples: Sequence[Any], *, max_new_tokens: int, seed: int,
+    benchmark: Benchmark | None = None, method: str = "lemon", **kwargs: Any,
+) -> tuple[EvalSummary, list[dict[str, Any]]]:
+    """Evaluate a trained orchestrator: greedy spec per example, executed and scored; invalid = 0."""
+    source = orchestrator_specs(policy, pool, max_new_tokens=max_new_tokens, seed=seed)
+    return evaluate(benchmark, examples, source, pool, method=method, seed=seed, **kwargs)
+
+
+def _specs_for(specs: SpecSource, batch: list[Any], lo: int) -> list[SpecAttempt]:
+    if isinstance(specs, OrchestrationSpec):
+        return [specs] * len(batch)
+    if callable(specs):
+        return list(specs(batch))
+    return list(specs[lo : lo + len(batch)])
+
+
+def truncated_agents(trace: Trace, pool: CapacityPool) -> int:
+    """Agent answers of ``trace`` that used their level's whole token budget (cut off mid-answer)."""
+    caps = {lv.name: lv.max_tokens for lv in pool.levels}
+    return sum(1 for a in trace.agents if not a.error and a.completion_tokens >= caps.get(a.capacity, 1 << 30))
+
+
+def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool: CapacityPool,
+                  scorer: Scorer | None, reward_cfg: RewardConfig | None) -> dict[str, Any]:
+    if scorer is not None:
+        prediction, score = None, (float(scorer(trace.answer, example)) if trace.ok else 0.0)
+    else:
+        bench = benchmark or get_benchmark(example.benchmark)
+        prediction = bench.extract(trace.answer, example) if trace.ok else None
+        score = float(bench.score(prediction, example)) if prediction is not None else 0.0
+    record = {"id": example.id, "gold": example.answer, "prediction": prediction, "score": score, "valid": True,
+              "agent_calls": trace.agent_calls, "tokens": trace.tokens,
+              "truncated_answers": truncated_agents(trace, pool), **trace.to_dict()}
+    if reward_cfg is not None:
+        record["reward"] = compute_reward(score, trace, reward_cfg).total
+    return record
+
+
+def _invalid_record(example: Any, spec: InvalidSpec, reward_cfg: RewardConfig | None) -> dict[str, Any]:
+    record = {"id": example.id, "gold": example.answer, "prediction": None, "score": 0.0, "valid": False,
+              "agent_calls": 0, "tokens": 0, "truncated_answers": 0, "task": example.question, "spec": None,
+              "answer": "", "error": f"invalid_spec: {spec.error}", "orchestrator_output": spec.text,
+              "truncated_spec": spec.truncated, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0,
+              "latency_s": 0.0, "agents": []}
+    if reward_cfg is not None:
+        record["reward"] = compute_reward(0.0, None, reward_cfg).total
+    return record
 
 
 def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, split: str,
-              wall_s: float) -> EvalSummary:
-    n = max(len(records), 1)
+              wall_s: float, sandbox_mode: str | None = None) -> EvalSummary:
+    n = len(records)
+    d = max(n, 1)
+    correct = sum(r["score"] for r in records)
+    low, high = wilson_interval(correct, n)
+    invalid = sum(1 for r in records if not r.get("valid", True))
     return EvalSummary(
-        benchmark=benchmark, method=method, split=split, n=len(records),
-        accuracy=sum(r["score"] for r in records) / n,
-        mean_tokens=sum(r["tokens"] for r in records) / n,
-        mean_cost_usd=sum(r["cost"] for r in records) / n,
-        mean_latency_s=sum(r["latency_s"] for r in records) / n,
+        benchmark=benchmark, method=method, split=split, n=n,
+        accuracy=correct / d, accuracy_ci_low=low, accuracy_ci_high=high,
+        valid_rate=(n - invalid) / d, invalid=invalid,
+        truncated_specs=sum(1 for r in records if r.get("truncated_spec")),
+        truncated_answers=sum(r.get("truncated_answers", 0) for r in records),
+        mean_tokens=sum(r["tokens"] for r in records) / d,
+        mean_cost_usd=sum(r["cost"] for r in records) / d,
+        mean_latency_s=sum(r["latency_s"] for r in records) / d,
         agent_calls=sum(r["agent_calls"] for r in records),
-        failures=sum(1 for r in records if r["error"]),
-        wall_s=wall_s,
+        failures=sum(1 for r in records if r["error"] and r.get("valid", True)),
+        wall_s=wall_s, sandbox_mode=sandbox_mode,
     )
 
 
 def write_results(out_dir: Path, records: list[dict[str, Any]], summary: EvalSummary) -> None:
+    from lemon_core.checkpoint import write_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "traces.jsonl.tmp"
-    with tmp.open("w") as f:
-        for r in records:
-            f.write(json.dumps(r, default=str) + "\n")
-    tmp.replace(out_dir / "traces.jsonl")
-    (out_dir / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+    write_atomic(out_dir / "traces.jsonl", "".join(json.dumps(r, default=str) + "\n" for r in records))
+    write_atomic(out_dir / "summary.json", summary.model_dump_json(indent=2) + "\n")

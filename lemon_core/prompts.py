@@ -1,4 +1,11 @@
-"""Every prompt an executed agent sees, in one place.
+"""Every prompt of lemon, in one place: the orchestrator's and each executed agent's.
+
+The orchestrator prompt (``orchestrator_messages``) is used everywhere - SFT, rollouts, evaluation and
+serving - so the policy is always trained on exactly what it will be asked. It lists the task, the
+pool's capacity levels (cheapest first, with prices) and, optionally, the base-role library, then asks
+for a step-structured YAML spec in a ```yaml block (or a bare JSON object with ``spec_format="json"``,
+which YAML also reads). The format example is rendered by ``render_spec``, so prompt, SFT targets and
+parser can never disagree about the format.
 
 An agent's prompt is its role and customised duty (system message), then the task, then the outputs
 of the agents it depends on (user message). The agent named as the spec's ``output`` also gets the
@@ -7,6 +14,103 @@ benchmark's answer-format instruction, so the team's final answer can be extract
 
 from __future__ import annotations
 
+from typing import Literal
+
+from lemon_core.pool import CapacityPool
+from lemon_core.roles import BASE_ROLES
+from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec, render_spec_json
+
+# --- the orchestrator -----------------------------------------------------------------------------
+SpecFormat = Literal["yaml", "json"]
+SPEC_FORMATS: tuple[str, ...] = ("yaml", "json")
+
+ORCHESTRATOR_SYSTEM = (
+    "You are an orchestrator. You do not solve tasks yourself: you design a small team of AI agents "
+    "that solves the task reliably at low cost, and write it as an executable YAML spec."
+)
+
+ORCHESTRATOR_FORMAT = (
+    "Write the team as a YAML spec in a ```yaml block, in exactly this format:\n"
+    "```yaml\n{example}```\n"
+    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
+    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
+    "Use as few agents and as cheap a capacity as the task allows."
+)
+
+ORCHESTRATOR_FORMAT_JSON = (
+    "Write the team as a JSON object, in exactly this format:\n{example}\n"
+    "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
+    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
+    "Use as few agents and as cheap a capacity as the task allows."
+)
+
+
+def _check_format(spec_format: str) -> None:
+    if spec_format not in SPEC_FORMATS:
+        raise ValueError(f"spec_format={spec_format!r}: use one of {list(SPEC_FORMATS)}")
+
+
+def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
+    cheap = pool.level_names[0]
+    return OrchestrationSpec(
+        agents=[
+            AgentSpec(
+                id="a1",
+                role="Step-by-step solver",
+                base_role="solver",
+                duty="Solve the problem step by step and state the final answer.",
+                capacity=cheap,
+            ),
+        ],
+        output="a1",
+    )
+
+
+def orchestrator_messages(
+    question: str,
+    pool: CapacityPool,
+    include_roles: bool = True,
+    include_format: bool = True,
+    spec_format: SpecFormat = "yaml",
+) -> list[dict[str, str]]:
+    """Chat messages asking for a spec for ``question`` (the one orchestrator prompt of lemon).
+
+    ``include_roles`` lists the base-role library; ``include_format`` shows the format (YAML or JSON,
+    ``spec_format``) with an example. Both are on for real models; a policy already fine-tuned on the
+    format (or a tiny test model with 1024 positions) may drop them for a much shorter prompt.
+    """
+    _check_format(spec_format)
+    levels = "\n".join(
+        f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
+        for lv in pool.levels
+    )
+    parts = [f"Task:\n{question.strip()}", f"Capacity levels (cheapest first):\n{levels}"]
+    if include_roles:
+        roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
+        parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
+    levels_list = ", ".join(pool.level_names)
+    if include_format and spec_format == "json":
+        parts.append(ORCHESTRATOR_FORMAT_JSON.format(example=render_spec_json(_example_spec(pool)), levels=levels_list))
+    elif include_format:
+        parts.append(ORCHESTRATOR_FORMAT.format(example=render_spec(_example_spec(pool)), levels=levels_list))
+    elif spec_format == "json":
+        parts.append("Write the team as a JSON object.")
+    else:
+        parts.append("Write the team as a YAML spec in a ```yaml block.")
+    user = "\n\n".join(parts)
+    return [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": user}]
+
+
+def spec_completion(spec: OrchestrationSpec, spec_format: SpecFormat = "yaml") -> str:
+    """What a perfect orchestrator answer looks like (SFT target): the rendered spec in a ```yaml block,
+    or the bare JSON object for ``spec_format="json"`` (what a JSON-schema-guided sampler emits)."""
+    _check_format(spec_format)
+    if spec_format == "json":
+        return render_spec_json(spec)
+    return f"```yaml\n{render_spec(spec)}```"
+
+
+# --- agents ---------------------------------------------------------------------------------------
 MAX_PARENT_CHARS = 2000  # a parent's output is cut to this many characters before it is passed on
 
 AGENT_SYSTEM = "You are {role}, working as the {base_role} in a small team of AI agents.\nYour duty: {duty}"

@@ -35,13 +35,15 @@ Shards are written with one function, ``write_records``, atomically (storage: tm
 from __future__ import annotations
 
 import random
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from lemon_core.counterfactual import EditFamilySampler, counterfactual_edits
+from lemon_core.counterfactual import EditFamily, EditFamilySampler, counterfactual_edits
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
@@ -73,6 +75,17 @@ class RolloutConfig(BaseModel):
         "vLLM engine on GPU that reloads the policy's weights after every update (see vllm_sampler.py)",
     )
     vllm: VLLMSamplerConfig = Field(default_factory=VLLMSamplerConfig, description="used when sampler: vllm")
+    check_budget: bool = Field(
+        True,
+        description="refuse a max_new_tokens below the 95th percentile of the SFT targets' token lengths "
+        "(sft.check_token_budget); only tiny test configs, whose random model never finishes a spec, turn it off",
+    )
+    mask_truncated: bool = Field(
+        True,
+        description="completions that hit max_new_tokens without a complete, valid spec are counted as "
+        "`truncated` and contribute no gradient (their reward still enters the group statistics), so GRPO "
+        "does not learn 'shorter is valid' from specs the budget cut off (TRL's mask_truncated_completions)",
+    )
 
 
 def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfig, pool: CapacityPool,
@@ -120,6 +133,7 @@ class RolloutRecord(BaseModel):
     temperature: float
     text: str
     valid: bool
+    truncated: bool = False  # hit max_new_tokens before a complete, valid spec (see RolloutConfig.mask_truncated)
     error: str | None = None
     spec: dict[str, Any] | None = None
     spans: dict[str, tuple[int, int]] = Field(default_factory=dict)
@@ -175,8 +189,12 @@ def collect_rollouts(
     step: int,
     seed: int,
     scorer: Scorer = benchmark_scorer,
+    progress: bool = False,
 ) -> tuple[list[RolloutRecord], RolloutStats]:
     """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
+    from lemon_core.progress import progress as progress_of
+
+    bar = progress_of(3, f"rollout step {step}", unit="phase", mode=None if progress else "off")
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
     groups = policy.sample(
         prompts,
@@ -207,6 +225,7 @@ def collect_rollouts(
                 reward=compute_reward(0.0, None, reward_cfg),
             )
             p, rec.error = parse_completion(s.text, pool)
+            rec.truncated = p is None and not s.finished
             if p is not None:
                 rec.valid, rec.spec = True, p.spec.model_dump()
                 rec.spans = {f"{a}/{f}": span for (a, f), span in p.spans.items()}
@@ -214,6 +233,7 @@ def collect_rollouts(
             parsed.append(p)
             owners.append(ex)
 
+    bar.update(sampled=len(records), valid=sum(r.valid for r in records) / max(len(records), 1))
     stats = RolloutStats()
     cache = ExecutionCache()
     valid = [i for i, p in enumerate(parsed) if p is not None]
@@ -236,10 +256,13 @@ def collect_rollouts(
         )
         stats.agent_calls += trace.agent_calls
 
+    bar.update(executed=len(valid), agent_calls=stats.agent_calls)
     if cfg.edits_per_spec > 0 and valid:
         _probe_counterfactuals(
             records, parsed, owners, valid, pool, cfg, reward_cfg, sampler, cache, seed, scorer, stats
         )
+    bar.update(edits=sum(len(r.edits) for r in records), edit_agent_calls=stats.edit_agent_calls)
+    bar.close()
     stats.cache_hits = cache.hits
     return records, stats
 
@@ -287,6 +310,40 @@ def _probe_counterfactuals(
         )
         stats.edit_agent_calls += trace.agent_calls
         stats.edit_full_calls += len(edit.spec.agents)
+
+
+def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> dict[str, Any]:
+    """The metrics row of one step's records: reward terms, valid rate, capacity mix, Δ per edit family."""
+    valid = [r for r in records if r.valid]
+    totals = [r.reward.total for r in records]
+    m: dict[str, Any] = {
+        "reward/mean": statistics.fmean(totals),
+        "reward/std": statistics.pstdev(totals),
+        "valid_rate": len(valid) / len(records),
+        "truncated_rate": sum(r.truncated for r in records) / len(records),
+    }
+    for term in ("success", "efficiency", "structure", "cost", "invalid"):
+        m[f"reward/{term}"] = statistics.fmean(getattr(r.reward, term) for r in records)
+    if valid:
+        m["score"] = statistics.fmean(r.score for r in valid)
+        m["tokens_per_execution"] = statistics.fmean(r.tokens for r in valid)
+        m["cost"] = statistics.fmean(r.cost for r in valid)
+    specs = [r.spec for r in valid if r.spec]  # records read back without their spec have none
+    if specs:
+        m["agents/mean"] = statistics.fmean(len(spec["agents"]) for spec in specs)
+        agents = [a for spec in specs for a in spec["agents"]]
+        for level in levels:
+            m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        for e in r.edits:
+            by_family[e.family].append(e.delta)
+    for family in EditFamily:
+        if by_family[family.value]:
+            m[f"delta/{family.value}"] = statistics.fmean(by_family[family.value])
+            m[f"delta_abs/{family.value}"] = statistics.fmean(abs(d) for d in by_family[family.value])
+    m["completion_tokens"] = statistics.fmean(len(r.completion_ids) for r in records)
+    return m
 
 
 # --- shards ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +32,7 @@ from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import parse_completion
 from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, validate_spec
+from lemon_core.teachers import SweepConfig
 
 TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
 
@@ -78,10 +79,10 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="run the SFT warm-up before GRPO")
     steps: int = Field(60, ge=0, description="optimizer steps")
-    batch_size: int = Field(8, ge=1)
-    lr: float = Field(5e-5, gt=0)
+    batch_size: int = Field(8, ge=1, description="(prompt, spec) pairs per optimizer step")
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate of the warm-up")
     topologies: list[str] = Field(
         default_factory=lambda: list(TOPOLOGIES),
         description=f"baseline topologies to vary, from {list(TOPOLOGIES)}",
@@ -92,6 +93,18 @@ class SFTConfig(BaseModel):
     teacher_jsonl: str | None = Field(None, description="extra teacher specs, JSONL {question, spec}")
     eval_tasks: int = Field(4, ge=0, description="tasks whose samples measure the valid-spec rate")
     eval_samples: int = Field(2, ge=1, description="samples per task for the valid-spec rate")
+    teacher: Literal["templated", "sweep"] = Field(
+        "templated",
+        description="templated: random valid specs (teaches the format only); sweep: per training task the "
+        "best-reward spec of a sweep of candidates executed on the pool (teaches choices; lemon_core/teachers.py)",
+    )
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="candidates of teacher: sweep")
+    target_valid_rate: float | None = Field(
+        None, gt=0, le=1,
+        description="keep training in rounds of `steps` until the unconstrained valid-spec rate on the held-out "
+        "samples (eval_tasks × eval_samples, use ≥ 32) reaches this, at most max_rounds rounds; None: one round",
+    )
+    max_rounds: int = Field(1, ge=1, description="most rounds of `steps` when target_valid_rate is set")
 
 
 def _topology(name: str, capacity: str) -> OrchestrationSpec:
@@ -184,7 +197,7 @@ def sft_train(
     progress: bool = False,
 ) -> list[float]:
     """Fine-tune ``policy.model`` in place on ``pairs``; returns the loss of each step."""
-    from tqdm.auto import tqdm
+    from lemon_core.progress import progress as progress_of
 
     if not pairs:
         raise ValueError("SFT needs at least one (question, spec) pair; give tasks or sft.teacher_jsonl")
@@ -193,7 +206,8 @@ def sft_train(
     policy.model.train()
     losses = []
     order: list[int] = []
-    for _ in tqdm(range(cfg.steps), desc="sft", disable=not progress):
+    bar = progress_of(cfg.steps, "sft", mode=None if progress else "off")
+    for _ in range(cfg.steps):
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(pairs)), len(pairs))
         batch = [pairs[order.pop()] for _ in range(min(cfg.batch_size, len(pairs)))]
@@ -203,6 +217,8 @@ def sft_train(
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        bar.update(loss=losses[-1])
+    bar.close()
     policy.model.eval()
     return losses
 
@@ -230,3 +246,28 @@ def valid_spec_rate(
             total += 1
             ok += parse_completion(s.text, pool)[0] is not None
     return ok / total
+
+
+def check_token_budget(policy: OrchestratorPolicy, completions: Sequence[str], max_new_tokens: int,
+                       field: str = "rollout.max_new_tokens") -> dict[str, int]:
+    """Refuse a sampling budget below the 95th percentile of the SFT targets' token lengths.
+
+    A spec cut off at the budget loses its ``output:`` line and scores the invalid penalty, so with a budget
+    that half the targets exceed, GRPO learns "short is valid" instead of "good is valid". The lengths are
+    measured with the orchestrator's own tokenizer (end-of-turn included). Returns the figures.
+    """
+    from lemon_core.errors import ConfigError
+
+    if not completions:
+        return {}
+    lengths = sorted(len(policy.completion_ids(c)) for c in completions)
+    p95 = lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))]
+    figures = {"min": lengths[0], "p95": p95, "max": lengths[-1], "n": len(lengths)}
+    if max_new_tokens < p95:
+        raise ConfigError(
+            f"{field}={max_new_tokens} is below the 95th percentile ({p95} tokens) of the SFT target specs' "
+            f"lengths with this orchestrator's tokenizer (min {lengths[0]}, max {lengths[-1]}, n={len(lengths)}): "
+            f"raise {field} to at least {p95}, or teach shorter specs (sft.topologies, spec_format: json)"
+        )
+    return figures
+

@@ -26,6 +26,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from lemon_core.errors import LemonError
+
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
 PLURAL = "trainjobs"
@@ -34,7 +36,7 @@ NODE_CONTAINER = "node"  # the trainer job/container name in the torch-distribut
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-class TrainJobError(RuntimeError):
+class TrainJobError(LemonError):
     """The TrainJob failed, timed out, or could not be created; the message says which and why."""
 
 
@@ -285,3 +287,36 @@ def run_trainjob(
     return wait_trainjob(
         cfg.name, cfg.namespace, api_client=api_client, timeout_s=timeout_s, poll_s=poll_s, on_state=on_state
     )
+
+
+def launch_train_step(
+    cfg: Any, config_json: str, records_uris: list[str], iteration: int, checkpoint_uri: str,
+    reference_uri: str, run_id: str, api_client: Any | None = None,
+) -> str:
+    """Run one GRPO update (``lemon train-step``) as a TrainJob of ``cfg.kubernetes.train_nodes`` nodes and
+    wait for it; returns the checkpoint URI the job writes (``stages.stage_train``'s)."""
+    from lemon_core import storage
+    from lemon_core.stages import root_of_records
+
+    k8s = cfg.kubernetes
+    args = ["--config", config_json, "--iteration", str(iteration), "--checkpoint", checkpoint_uri,
+            "--reference", reference_uri, *[a for u in records_uris for a in ("--records", u)]]
+    job = TrainJobConfig(
+        name=trainjob_name(f"lemon-{iteration}", run_id),
+        namespace=k8s.namespace,
+        image=k8s.gpu_image,
+        command=["torchrun", "--no-python", "lemon", "train-step"],  # torchrun reads the PET_* env
+        args=args,
+        num_nodes=k8s.train_nodes,
+        gpus_per_node=k8s.gpus_per_pod,
+        gpu_resource=k8s.accelerator_type,
+        node_selector=k8s.node_selector,
+        tolerations=[Toleration(**t) for t in k8s.tolerations],
+        cache_pvc=k8s.cache_pvc,
+        cache_mount_path=k8s.cache_mount_path,
+        secret_env={env: (k8s.s3_secret, key) for env, key in k8s.s3_secret_keys.items()} if k8s.s3_secret else {},
+        labels={"lemon/run": cfg.name[:63]},
+    )
+    run_trainjob(job, timeout_s=k8s.trainjob_timeout_s, api_client=api_client,
+                 on_state=lambda s, m: print(f"TrainJob {job.name}: {s} {m}"))
+    return storage.join(root_of_records(records_uris[0]), f"iter-{iteration:03d}", "checkpoint")

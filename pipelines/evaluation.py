@@ -58,7 +58,11 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
         description="Evaluate methods x benchmarks on one capacity pool; accuracy-vs-cost report.",
     )
     def lemon_eval(config_json: str = cfg.model_dump_json(), checkpoint_uri: str = "") -> None:
-        prep = with_storage(prepare_op(config_json=config_json).set_display_name("prepare"), k8s, local)
+        prep = with_storage(
+            prepare_op(config_json=config_json, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_display_name("prepare"),
+            k8s,
+            local,
+        )
         cells = cells_pipeline(
             config_json=config_json, manifest_uri=prep.outputs["manifest_uri"], checkpoint_uri=checkpoint_uri
         ).set_display_name("eval-matrix")

@@ -16,7 +16,7 @@ from typing import Any, List  # noqa: UP035 - kfp reads typing.List in component
 
 from kfp import dsl
 
-from components import evaluate, prepare_dataset, publish, rollout, train
+from components import evaluate, prepare_dataset, publish, rollout, sft, train
 from lemon_core.stages import ORCHESTRATOR, PipelineConfig
 from pipelines.evaluation import eval_cells
 from pipelines.placement import on_gpu, with_storage
@@ -29,6 +29,7 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
     k8s = cfg.kubernetes
     cpu, gpu = k8s.image, k8s.gpu_image
     prepare_op, rollout_op, train_op = prepare_dataset.make(cpu), rollout.make(gpu), train.make(gpu)
+    sft_op = sft.make(gpu)
     report_op, publish_op = evaluate.make_report(cpu), publish.make(cpu)
     methods = list(dict.fromkeys([ORCHESTRATOR, *cfg.evaluate.methods]))
     cells_pipeline = eval_cells(cfg, local, methods)
@@ -71,19 +72,14 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
         "counterfactual credit, evaluation against baselines, gated publish.",
     )
     def lemon_train(config_json: str = cfg.model_dump_json()) -> None:
-        prep = with_storage(prepare_op(config_json=config_json).set_display_name("prepare"), k8s, local)
+        prep = with_storage(
+            prepare_op(config_json=config_json, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_display_name("prepare"),
+            k8s,
+            local,
+        )
         manifest = prep.outputs["manifest_uri"]
         sft = on_gpu(
-            train_op(
-                config_json=config_json,
-                mode="sft",
-                manifest_uri=manifest,
-                records_uris=[],
-                iteration=0,
-                checkpoint_uri="",
-                reference_uri="",
-                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            ).set_display_name("sft"),
+            sft_op(config_json=config_json, manifest_uri=manifest).set_display_name("sft"),
             k8s,
             local,
         )
@@ -95,8 +91,6 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
             step = on_gpu(
                 train_op(
                     config_json=config_json,
-                    mode="grpo",
-                    manifest_uri=manifest,
                     records_uris=shards.output,
                     iteration=i,
                     checkpoint_uri=checkpoint,

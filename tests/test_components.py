@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from components import evaluate, prepare_dataset, publish, rollout, train
+from components import evaluate, prepare_dataset, publish, rollout, sft, train
 from lemon_core.stages import ORCHESTRATOR, PipelineConfig, load_config, should_publish, stage_publish
 
 IMAGE = "ghcr.io/example/lemon:test"
@@ -26,7 +26,8 @@ def _outputs(comp: Any) -> set[str]:
 
 def test_component_interfaces() -> None:
     expected = {
-        prepare_dataset.make: ({"config_json"}, {"manifest_uri", "train_shards"}),
+        prepare_dataset.make: ({"config_json", "run_id"}, {"manifest_uri", "train_shards"}),
+        sft.make: ({"config_json", "manifest_uri"}, {"Output"}),
         rollout.make: (
             {"config_json", "manifest_uri", "shard_index", "iteration", "checkpoint_uri"},
             {"Output"},
@@ -34,8 +35,6 @@ def test_component_interfaces() -> None:
         train.make: (
             {
                 "config_json",
-                "mode",
-                "manifest_uri",
                 "records_uris",
                 "iteration",
                 "checkpoint_uri",
@@ -67,7 +66,8 @@ def _tiny(tmp_path: Path, **update: Any) -> PipelineConfig:
 
 def test_prepare_component_on_real_files(tmp_path: Path) -> None:
     cfg = _tiny(tmp_path)
-    out = prepare_dataset.prepare_dataset(cfg.model_dump_json())
+    out = prepare_dataset.prepare_dataset(cfg.model_dump_json(), "kfp-run-1")
+    assert out.manifest_uri == f"{cfg.artifacts}/kfp-run-1/tasks/manifest.json"  # each run its own root
     manifest = json.loads(Path(out.manifest_uri).read_text())
     assert manifest["splits"]["test"]["counts"] == {"multiarith": 2}
     assert out.train_shards == manifest["splits"]["train"]["shards"][:1]
@@ -90,29 +90,19 @@ def test_train_component_creates_trainjob_when_multinode(
     monkeypatch.setattr(tj, "run_trainjob", fake_run)
     cfg = _tiny(tmp_path)
     cfg.kubernetes.train_nodes = 4
-    uri = train.train(
-        cfg.model_dump_json(),
-        "grpo",
-        "m",
-        ["s3://b/r0.jsonl", "s3://b/r1.jsonl"],
-        2,
-        "s3://b/ckpt-1",
-        "s3://b/sft",
-        "Run-UUID-7",
-    )
-    assert uri == f"{cfg.artifacts}/iter-002/checkpoint"
+    records = ["s3://b/run-7/iter-002/rollouts/r0.jsonl", "s3://b/run-7/iter-002/rollouts/r1.jsonl"]
+    uri = train.train(cfg.model_dump_json(), records, 2, "s3://b/ckpt-1", "s3://b/sft", "Run-UUID-7")
+    assert uri == "s3://b/run-7/iter-002/checkpoint"  # the run root the records live under
     body = seen["body"]
     tj.validate_body(body)
     t = body["spec"]["trainer"]
     assert t["numNodes"] == 4 and t["image"] == cfg.kubernetes.gpu_image
     assert t["command"] == ["torchrun", "--no-python", "lemon", "train-step"]
     args = t["args"]
-    assert args[args.index("--records") + 1] == "s3://b/r0.jsonl" and args.count("--records") == 2
+    assert args[args.index("--records") + 1] == records[0] and args.count("--records") == 2
     assert args[args.index("--checkpoint") + 1] == "s3://b/ckpt-1"
     assert json.loads(args[args.index("--config") + 1])["kubernetes"]["train_nodes"] == 4
     assert body["metadata"]["name"] == "lemon-2-run-uuid-7"
-    with pytest.raises(ValueError, match="mode 'rl'"):
-        train.train(cfg.model_dump_json(), "rl", "m", [], 1, "", "", "x")
 
 
 def _summary(tmp_path: Path, method: str, acc: float) -> str:

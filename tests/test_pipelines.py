@@ -31,7 +31,7 @@ def test_train_pipeline_unrolls_iterations(tmp_path: Path, iterations: int) -> N
     assert ir["pipelineInfo"]["name"] == "lemon-train"
     root = _tasks(ir["root"])
     names = set(root)
-    assert {"prepare-dataset", "train", "evaluation-report", "eval-matrix"} <= names
+    assert {"prepare-dataset", "sft", "train", "evaluation-report", "eval-matrix"} <= names
     # one rollout fan-out sub-pipeline per iteration, each holding a ParallelFor; one for the eval matrix
     assert sum(n.startswith("rollout-shards") for n in names) == iterations
     loops = [
@@ -40,13 +40,13 @@ def test_train_pipeline_unrolls_iterations(tmp_path: Path, iterations: int) -> N
     ]
     assert len(loops) == iterations + 1, loops
     # each GRPO step trains on the records its iteration's fan-out collected
-    for k, step in enumerate(sorted(n for n in names if n.startswith("train-")), start=1):
+    grpo = sorted((n for n in names if n == "train" or n.startswith("train-")), key=lambda n: (len(n), n))
+    for k, step in enumerate(grpo, start=1):
         producer = root[step]["inputs"]["parameters"]["records_uris"]["taskOutputParameter"]["producerTask"]
         assert producer == ("rollout-shards" if k == 1 else f"rollout-shards-{k}")
-    grpo = sorted(n for n in names if n.startswith("train-"))
     assert len(grpo) == iterations
-    # each GRPO step consumes the previous checkpoint: train-2 reads train-1's output, ...
-    chain = ["train", *grpo]
+    # each GRPO step consumes the previous checkpoint: train reads sft's output, train-2 train's, ...
+    chain = ["sft", *grpo]
     for prev, cur in zip(chain, chain[1:], strict=False):
         ckpt = root[cur]["inputs"]["parameters"]["checkpoint_uri"]["taskOutputParameter"]
         assert ckpt["producerTask"] == prev

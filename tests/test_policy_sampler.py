@@ -195,7 +195,8 @@ def test_export_weights_merges_lora_and_leaves_the_policy_unmerged(
 
 def _lora(policy: OrchestratorPolicy, model_dir: Path) -> None:
     """Wrap ``policy`` in LoRA adapters that change its function (lora_B starts at zero)."""
-    from lemon_core.train import LoraSettings, _apply_lora
+    from lemon_core.config import LoraSettings
+    from lemon_core.lora import apply_lora as _apply_lora
 
     pytest.importorskip("peft")
     _apply_lora(policy, LoraSettings(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]),

@@ -89,3 +89,16 @@ def test_sft_lowers_the_loss(policy: OrchestratorPolicy) -> None:
     )
     losses = sft_train(policy, pairs, POOL, SFTConfig(steps=8, batch_size=4, lr=3e-3))
     assert len(losses) == 8 and losses[-1] < 0.7 * losses[0]
+
+
+def test_a_budget_below_the_targets_95th_percentile_is_refused(policy: OrchestratorPolicy) -> None:
+    from lemon_core.errors import ConfigError
+    from lemon_core.sft import check_token_budget
+
+    pool = load_pool("cpu")
+    targets = [c for _, c in sft_pairs([f"q{i}" for i in range(40)], pool, SFTConfig(), seed=0)]
+    lengths = sorted(len(policy.completion_ids(c)) for c in targets)
+    p95 = lengths[int(0.95 * len(lengths))]
+    assert check_token_budget(policy, targets, p95)["p95"] == p95
+    with pytest.raises(ConfigError, match=rf"rollout.max_new_tokens={p95 - 1} .*\({p95} tokens\).*at least {p95}"):
+        check_token_budget(policy, targets, p95 - 1)

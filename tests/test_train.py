@@ -16,12 +16,15 @@ import torch
 
 from lemon_core.baselines import cot
 from lemon_core.benchmarks import Example
+from lemon_core.checkpoint import latest_checkpoint
+from lemon_core.config import TrainConfig
 from lemon_core.grpo import GRPOConfig
 from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.reward import RewardTerms
 from lemon_core.rollout import EditResult, RolloutRecord
-from lemon_core.train import TrainConfig, latest_checkpoint, record_advantages, tasks_for_step, train
+from lemon_core.train import tasks_for_step, train
+from lemon_core.update import record_advantages
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

@@ -79,8 +79,9 @@ def _batch(model_dir: Path) -> list[Any]:
 
 def _one_update(model_dir: Path, records: list[Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """(weight change per parameter, metrics) of one grpo_update with SGD on ``records``."""
+    from lemon_core.config import TrainConfig
     from lemon_core.policy import OrchestratorPolicy
-    from lemon_core.train import TrainConfig, grpo_update
+    from lemon_core.update import grpo_update
 
     cfg = TrainConfig(
         model=str(model_dir),
@@ -129,7 +130,7 @@ def _spy_on_train(train_mod: Any) -> tuple[list[str], dict[str, Any]]:
     keep the policy of the last update: returns (writes, captured) that fill in as ``train`` runs."""
     writes: list[str] = []
     captured: dict[str, Any] = {}
-    save_ckpt, save_dir, update = train_mod.save_checkpoint, train_mod._save_model_dir, train_mod.grpo_update
+    save_ckpt, save_dir, update = train_mod.save_checkpoint, train_mod.save_model_dir, train_mod.grpo_update
 
     def spy_ckpt(out: Path, step: int, *a: Any, **k: Any) -> Path:
         writes.append(f"ckpt-{step}")
@@ -143,11 +144,12 @@ def _spy_on_train(train_mod: Any) -> tuple[list[str], dict[str, Any]]:
         captured["policy"] = policy
         return update(policy, *a, **k)
 
-    train_mod.save_checkpoint, train_mod._save_model_dir, train_mod.grpo_update = spy_ckpt, spy_dir, keep_policy
+    train_mod.save_checkpoint, train_mod.save_model_dir, train_mod.grpo_update = spy_ckpt, spy_dir, keep_policy
     return writes, captured
 
 
 def _worker(work: Path) -> None:
+    import lemon_core.dist as dist_mod
     import lemon_core.train as train_mod
     from lemon_core.rollout import read_records
 
@@ -157,9 +159,9 @@ def _worker(work: Path) -> None:
 
     # (1) one update on this rank's share of the fixed batch
     records = read_records(str(work / "batch.jsonl"))
-    mine = train_mod.shard_by_group(records, rank, world_size)
+    mine = dist_mod.shard_by_group(records, rank, world_size)
     delta, metrics = _one_update(model_dir, mine)
-    one_group, _ = _one_update(model_dir, train_mod.shard_by_group(records[:2], rank, world_size))
+    one_group, _ = _one_update(model_dir, dist_mod.shard_by_group(records[:2], rank, world_size))
     torch.save({"delta": delta, "metrics": metrics, "tokens": sum(len(r.completion_ids) for r in mine),
                 "one_group": one_group}, work / f"update-rank{rank}.pt")  # fmt: skip
 
@@ -205,8 +207,9 @@ def _torchrun(work: Path, timeout: float = 120, script: str = __file__) -> subpr
 
 
 def test_two_ranks_match_single_process_and_only_rank0_writes(tmp_path: Path) -> None:
+    from lemon_core.checkpoint import latest_checkpoint
+    from lemon_core.dist import shard_by_group
     from lemon_core.rollout import write_records
-    from lemon_core.train import latest_checkpoint, shard_by_group
 
     torch.set_num_threads(1)
     model_dir = build_tiny_chat_model(tmp_path / "tiny", seed=0)

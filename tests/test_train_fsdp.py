@@ -59,8 +59,10 @@ def _update(
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """(weight change per parameter, metrics) of one grpo_update with SGD; ``sharded``: under FSDP
     (``reshard``: distributed.fsdp_reshard_after_forward)."""
+    from lemon_core.config import TrainConfig
+    from lemon_core.dist import make_strategy
     from lemon_core.policy import OrchestratorPolicy
-    from lemon_core.train import TrainConfig, grpo_update, shard_for_training
+    from lemon_core.update import grpo_update
 
     cfg = TrainConfig(
         model=str(model_dir),
@@ -72,7 +74,7 @@ def _update(
     ref = OrchestratorPolicy.load(str(model_dir)).model.eval().requires_grad_(False)
     before = _full_weights(policy.model)
     if sharded:
-        shard_for_training(policy, ref, cfg)
+        make_strategy(cfg, 2).prepare(policy, ref)
     optimizer = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=LR)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     metrics = grpo_update(policy, ref, records, optimizer, scheduler, cfg)
@@ -108,7 +110,9 @@ def _pipeline_cfg(model_dir: Path, artifacts: Path, strategy: str) -> Any:
 
 # --- the worker (one per rank, started by torchrun) -----------------------------------------------
 def _worker(work: Path) -> None:
+    import lemon_core.dist as dist_mod
     import lemon_core.train as train_mod
+    import lemon_core.update as update_mod
     from lemon_core import fsdp
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import read_records
@@ -121,21 +125,21 @@ def _worker(work: Path) -> None:
 
     # (1) grpo_update under FSDP; count micro-batch passes (the short rank must pad)
     passes: list[int] = []
-    micro = train_mod._micro_batch_loss
+    micro = update_mod.micro_batch_loss
 
     def count(*a: Any, **k: Any) -> Any:
         passes[-1] += 1
         return micro(*a, **k)
 
-    train_mod._micro_batch_loss = count
+    update_mod.micro_batch_loss = count
     updates = {}
     for name, batch, clip, reshard in [("full", records, 1e9, True), ("three_groups", records[:6], 0.05, False),
                                        ("one_group", records[:2], 1e9, True)]:  # fmt: skip
         passes.append(0)
-        mine = train_mod.shard_by_group(batch, rank, world_size)
+        mine = dist_mod.shard_by_group(batch, rank, world_size)
         delta, metrics = _update(model_dir, mine, sharded=True, max_grad_norm=clip, reshard=reshard)
         updates[name] = {"delta": delta, "metrics": metrics, "records": len(mine), "passes": passes[-1]}
-    train_mod._micro_batch_loss = micro
+    update_mod.micro_batch_loss = micro
     torch.save(updates, work / f"update-rank{rank}.pt")
 
     # (2) sampling: sharded (lockstep, weights gathered or not) vs this rank's unsharded model
@@ -194,10 +198,10 @@ def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], s
 def test_fsdp_matches_single_process_and_checkpoints_plain_hf(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
+    from lemon_core.checkpoint import latest_checkpoint
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.rollout import write_records
     from lemon_core.stages import stage_train
-    from lemon_core.train import latest_checkpoint
 
     torch.set_num_threads(1)
     model_dir = build_tiny_chat_model(tmp_path / "tiny", seed=0)
@@ -317,7 +321,8 @@ def test_fsdp_matches_single_process_and_checkpoints_plain_hf(tmp_path: Path) ->
 def test_strategy_config(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
 
-    from lemon_core.train import TrainConfig, uses_fsdp
+    from lemon_core.config import TrainConfig
+    from lemon_core.dist import uses_fsdp
 
     assert TrainConfig().distributed.strategy == "replicate"
     cfg = TrainConfig(distributed=dict(strategy="fsdp"))

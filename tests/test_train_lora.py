@@ -20,9 +20,12 @@ pytest.importorskip("peft")
 
 import lemon_core.train as train_mod  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
+from lemon_core.checkpoint import latest_checkpoint  # noqa: E402
+from lemon_core.config import TrainConfig  # noqa: E402
+from lemon_core.lora import merge_lora_checkpoint  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy  # noqa: E402
 from lemon_core.pool import load_pool  # noqa: E402
-from lemon_core.train import TrainConfig, latest_checkpoint, merge_lora_checkpoint, train  # noqa: E402
+from lemon_core.train import train  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

@@ -107,7 +107,8 @@ def main() -> int:
         print("3. sync_sampler: vLLM follows the updated weights")
 
         # 3b. LoRA: base in vLLM, adapters handed over
-        from lemon_core.train import LoraSettings, _apply_lora
+        from lemon_core.config import LoraSettings
+        from lemon_core.lora import apply_lora as _apply_lora
 
         lora_policy = OrchestratorPolicy.load(str(model_dir), include_roles=False, include_format=False)
         _apply_lora(lora_policy, LoraSettings(enabled=True, r=4, alpha=8), base=str(model_dir))

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemon_core.benchmarks.extract import extract_choice, extract_number, numbers_match
+from lemon_core.errors import LemonError
 
 DATA_ENV = "LEMON_DATA_DIR"
 
@@ -38,7 +39,7 @@ class Example(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(LemonError, FileNotFoundError):
     pass
 
 

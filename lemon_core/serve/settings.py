@@ -11,15 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from lemon_core.errors import ConfigError
 
 
 class ServeSettings(BaseSettings):
     """Everything ``lemon serve`` needs. Environment: ``LEMON_<FIELD>`` (e.g. ``LEMON_MAX_AGENTS=4``)."""
 
     model_config = SettingsConfigDict(env_prefix="LEMON_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings  # the environment overrides the YAML file; CLI flags override both
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
@@ -81,44 +90,10 @@ class ServeSettings(BaseSettings):
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> ServeSettings:
-    """Settings from an optional YAML file, the environment, and ``overrides`` (None values skipped)."""
-    data: dict[str, Any] = {}
-    if config is not None:
-        path = Path(config)
-        if not path.is_file():
-            raise ValueError(f"serve config {str(path)!r} not found; pass an existing YAML file")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({_yaml_problem(e)}); fix the file") from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: a serve config is a YAML mapping of fields, "
-                             f"got {type(loaded).__name__}")
-        unknown = sorted(set(loaded) - set(ServeSettings.model_fields))
-        if unknown:
-            raise ValueError(f"{path}: unknown field(s) {unknown}; see `lemon serve --help` for the fields")
-        data.update(loaded)
-    try:
-        from_env = ServeSettings()
-    except ValidationError as e:
-        raise ValueError(f"LEMON_* environment: {_problems(e)}") from None
-    data.update({k: getattr(from_env, k) for k in from_env.model_fields_set})
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return ServeSettings(**data)
-    except ValidationError as e:
-        raise ValueError(_problems(e)) from None
+    """Settings from an optional YAML file, the environment, and ``overrides`` (None values skipped), through
+    lemon's one config loader (``lemon_core.config.load_settings``); a problem is a ConfigError naming it."""
+    from lemon_core.config import load_settings as load
 
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """The YAML error on one line, with the line and column a person can look at."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}"
-
-
-def _problems(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+    if config is not None and not Path(config).is_file() and not Path(config).is_dir():
+        raise ConfigError(f"serve config {str(config)!r} not found; pass an existing YAML file")
+    return load(ServeSettings, config, overrides)

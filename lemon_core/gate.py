@@ -1,0 +1,78 @@
+"""The publish gate: a trained orchestrator is published only when it is better than what is served
+*and* not worse than the best baseline evaluated in the same run.
+
+Both comparisons use the configured metric (``publish.metric``, higher is better, averaged over the
+run's benchmarks weighted by n). The baseline comparison is interval-aware: for ``accuracy`` the
+candidate is refused only when even its 95% Wilson upper bound plus ``publish.baseline_margin`` stays
+below the best baseline's accuracy, i.e. when the run shows it worse with confidence. A refusal is not
+a failed run: the decision and its reason go into the report and the run's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from lemon_core.config import ORCHESTRATOR, SFT_ORCHESTRATOR, PipelineConfig
+from lemon_core.errors import LemonError
+from lemon_core.stats import wilson_interval
+
+
+class PublishDecision(BaseModel):
+    publish: bool
+    reason: str
+    candidate: float
+    served: float | None = None
+    best_baseline: str | None = None
+    best_baseline_value: float | None = None
+
+
+def _pooled(rows: Sequence[dict[str, Any]], metric: str) -> tuple[float, float]:
+    """(n-weighted mean of ``metric``, upper 95% bound); the bound is Wilson's for accuracy."""
+    n = sum(int(r.get("n", 1)) for r in rows)
+    value = sum(float(r[metric]) * int(r.get("n", 1)) for r in rows) / max(n, 1)
+    upper = wilson_interval(value * n, n)[1] if metric == "accuracy" else value
+    return value, upper
+
+
+def candidate_metric(rows: Sequence[dict[str, Any]], metric: str, method: str = ORCHESTRATOR) -> float:
+    """The trained orchestrator's ``metric`` over the run's benchmarks (n-weighted)."""
+    mine = [r for r in rows if r["method"] == method and metric in r]
+    if not mine:
+        raise LemonError(f"no {method!r} rows with field {metric!r} to compare; check publish.metric")
+    return _pooled(mine, metric)[0]
+
+
+def publish_decision(cfg: PipelineConfig, rows: Sequence[dict[str, Any]],
+                     served_card: dict[str, Any] | None) -> PublishDecision:
+    """Whether to publish the run's orchestrator, and why (see the module docstring)."""
+    metric, margin = cfg.publish.metric, cfg.publish.baseline_margin
+    mine = [r for r in rows if r["method"] == ORCHESTRATOR and metric in r]
+    if not mine:
+        raise LemonError(f"no {ORCHESTRATOR!r} rows with field {metric!r} to compare; check publish.metric")
+    cand, cand_upper = _pooled(mine, metric)
+    served = (served_card or {}).get("metrics", {}).get(metric)
+    decision = PublishDecision(publish=False, reason="", candidate=cand, served=served)
+    baselines: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["method"] not in (ORCHESTRATOR, SFT_ORCHESTRATOR) and metric in r:
+            baselines.setdefault(r["method"], []).append(r)
+    if baselines:
+        name, best = max(((m, _pooled(rs, metric)[0]) for m, rs in baselines.items()), key=lambda x: x[1])
+        decision.best_baseline, decision.best_baseline_value = name, best
+        if cand_upper + margin < best:
+            decision.reason = (f"{metric} {cand:.3f} (95% upper bound {cand_upper:.3f}) is below the best baseline "
+                               f"{name} ({best:.3f}) by more than the margin {margin:g}")
+            return decision
+    if served is not None and not cand > served + cfg.publish.min_improvement:
+        decision.reason = (f"{metric} {cand:.3f} does not beat the served model's {served:.3f} "
+                           f"by more than {cfg.publish.min_improvement:g}")
+        return decision
+    decision.publish = True
+    versus = f"served {served:.3f}" if served is not None else "nothing served yet"
+    if decision.best_baseline:
+        versus += f"; best baseline {decision.best_baseline} {decision.best_baseline_value:.3f}"
+    decision.reason = f"{metric} {cand:.3f} ({versus})"
+    return decision

@@ -1,0 +1,146 @@
+"""Teacher specs chosen by measured reward: the SFT warm-up teaches choices, not just the format.
+
+For every training task a small sweep of candidate specs (the baseline topologies at each capacity
+level, plus "cheap helpers, capable output" assignments) is executed on the real pool, all at once and
+with the node cache on, and scored with the training reward. By default every task of a benchmark is
+taught the candidate with the best *mean* reward on that benchmark: a single draw per task rewards luck
+(a cheap agent that happens to be right once), which a policy cannot learn. ``select: per_task``
+teaches each task its own best candidate instead; a task no candidate solves is then taught the
+benchmark's best, a sensible default rather than "cheapest when hopeless". ``sweep_report`` says how
+often each candidate was taught: the first thing to read when SFT alone beats or loses to a baseline.
+
+The sweep costs one execution per (task, candidate) minus cache hits; ``sft.sweep.topologies`` and
+``sft.sweep.max_tasks`` bound it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lemon_core import baselines
+from lemon_core.executor import ExecutionCache, execute_specs
+from lemon_core.pool import CapacityPool
+from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.spec import AgentSpec, OrchestrationSpec, validate_spec
+
+SWEEP_TOPOLOGIES = ("cot", "chain", "sc")
+
+
+class SweepConfig(BaseModel):
+    """Which candidate specs the teacher sweep executes for each training task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topologies: list[str] = Field(
+        default_factory=lambda: list(SWEEP_TOPOLOGIES),
+        description=f"baseline topologies tried at every capacity level, from {list(SWEEP_TOPOLOGIES)} "
+        "(cot = one solver, chain = solver then verifier, sc = two solvers + aggregator)",
+    )
+    helpers_cheap: bool = Field(
+        True, description="also try each multi-agent topology with every agent at the cheapest level except "
+        "the output agent at the most capable one",
+    )
+    max_tasks: int | None = Field(
+        None, ge=1, description="sweep at most this many training tasks (the rest get no teacher spec)"
+    )
+    batch_size: int = Field(16, ge=1, description="tasks executed together (every candidate of a task at once)")
+    select: Literal["per_benchmark", "per_task"] = Field(
+        "per_benchmark",
+        description="per_benchmark: every task of a benchmark is taught the candidate with the best mean reward "
+        "on that benchmark (what a policy can learn: it cannot know which tasks a cheap agent solves by luck); "
+        "per_task: each task its own best-reward candidate (tasks none solves get the benchmark's best)",
+    )
+
+
+class TeacherChoice(BaseModel):
+    """The teacher spec of one task and what the sweep measured for it."""
+
+    task_id: str
+    spec: OrchestrationSpec
+    candidate: str
+    reward: float
+    score: float
+    fallback: bool  # no candidate solved the task: the best-on-average candidate is taught
+
+
+def _topology(name: str, level: str) -> OrchestrationSpec:
+    if name == "cot":
+        return baselines.cot(level)
+    if name == "chain":
+        return baselines.chain(level, length=2)
+    if name == "sc":
+        return baselines.self_consistency(level, n=2)
+    raise ValueError(f"sft.sweep.topologies: unknown topology {name!r}; use some of {list(SWEEP_TOPOLOGIES)}")
+
+
+def _cheap_helpers(spec: OrchestrationSpec, cheap: str, capable: str) -> OrchestrationSpec:
+    agents = [AgentSpec.model_validate({**a.model_dump(), "capacity": capable if a.id == spec.output else cheap})
+              for a in spec.agents]
+    return OrchestrationSpec(agents=agents, output=spec.output)
+
+
+def candidate_specs(pool: CapacityPool, cfg: SweepConfig) -> dict[str, OrchestrationSpec]:
+    """Named candidates: ``<topology>@<level>`` for every level, and ``<topology>@cheap+<level>``."""
+    levels = pool.level_names
+    out: dict[str, OrchestrationSpec] = {}
+    for name in cfg.topologies:
+        for level in levels:
+            out[f"{name}@{level}"] = validate_spec(_topology(name, level), levels)
+        if cfg.helpers_cheap and name != "cot" and len(levels) > 1:
+            spec = _cheap_helpers(_topology(name, levels[-1]), levels[0], levels[-1])
+            out[f"{name}@{levels[0]}+{levels[-1]}"] = validate_spec(spec, levels)
+    return out
+
+
+def sweep_teachers(
+    tasks: Sequence[Any], pool: CapacityPool, cfg: SweepConfig, reward_cfg: RewardConfig, scorer: Any,
+    seed: int = 0, progress: bool = False,
+) -> list[TeacherChoice]:
+    """Execute every candidate on every task; return each task's teacher choice (``cfg.select``)."""
+    from lemon_core.progress import progress as progress_of
+
+    candidates = candidate_specs(pool, cfg)
+    names = list(candidates)
+    tasks = list(tasks[: cfg.max_tasks] if cfg.max_tasks else tasks)
+    rewards: dict[str, list[tuple[float, float]]] = {}  # task id -> [(reward, score)] per candidate
+    cache = ExecutionCache()
+    bar = progress_of(len(tasks), "teacher sweep", unit="task", mode=None if progress else "off")
+    for lo in range(0, len(tasks), cfg.batch_size):
+        batch = tasks[lo : lo + cfg.batch_size]
+        jobs = [(t, n) for t in batch for n in names]
+        traces = execute_specs([candidates[n] for _, n in jobs], [t for t, _ in jobs], pool, cache=cache, seed=seed)
+        for (task, _), trace in zip(jobs, traces, strict=True):
+            score = float(scorer(trace.answer, task)) if trace.ok else 0.0
+            rewards.setdefault(str(task.id), []).append((compute_reward(score, trace, reward_cfg).total, score))
+        bar.update(len(batch), cache_hits=cache.hits)
+    bar.close()
+    best_of_benchmark = {}
+    for bench in {t.benchmark for t in tasks}:
+        mine = [t for t in tasks if t.benchmark == bench]
+        mean = [statistics.fmean(rewards[str(t.id)][i][0] for t in mine) for i in range(len(names))]
+        best_of_benchmark[bench] = max(range(len(names)), key=lambda i: mean[i])
+    choices = []
+    for t in tasks:
+        row = rewards[str(t.id)]
+        default = best_of_benchmark[t.benchmark]
+        best = max(range(len(names)), key=lambda i: row[i][0]) if cfg.select == "per_task" else default
+        fallback = row[best][1] <= 0.0
+        pick = default if fallback else best
+        choices.append(TeacherChoice(task_id=str(t.id), spec=candidates[names[pick]], candidate=names[pick],
+                                     reward=row[pick][0], score=row[pick][1], fallback=fallback))
+    return choices
+
+
+def sweep_report(choices: Sequence[TeacherChoice]) -> dict[str, Any]:
+    """How often each candidate was taught, how many tasks fell back, the teachers' mean score."""
+    return {
+        "tasks": len(choices),
+        "taught": dict(Counter(c.candidate for c in choices).most_common()),
+        "fallback_tasks": sum(c.fallback for c in choices),
+        "teacher_score": statistics.fmean(c.score for c in choices) if choices else 0.0,
+    }

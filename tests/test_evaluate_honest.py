@@ -1,0 +1,102 @@
+"""Honest evaluation: an orchestrator output that is not a valid spec scores 0 and is counted, never
+replaced by a baseline; every summary carries n, a 95% Wilson interval, valid_rate and truncation counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from lemon_core.backends.simulated import register_examples
+from lemon_core.baselines import cot
+from lemon_core.benchmarks import Example, get
+from lemon_core.evaluate import InvalidSpec, evaluate, evaluate_orchestrator, truncated_agents
+from lemon_core.executor import execute_specs
+from lemon_core.pool import load_pool
+from lemon_core.prompts import spec_completion
+from lemon_core.stats import wilson_interval
+
+
+def _examples(n: int) -> list[Example]:
+    exs = [Example(id=f"multiarith/test/{i}", benchmark="multiarith", question=f"What is {i} plus {i}?",
+                   answer=str(2 * i), answer_format="End with: The answer is N.") for i in range(n)]
+    register_examples(exs)
+    return exs
+
+
+@dataclass
+class _Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    old_logprobs: list[float]
+    offsets: list[tuple[int, int]]
+    finished: bool
+
+
+class _ScriptedPolicy:
+    """Writes the given texts in turn (a stand-in for the LM: what matters here is what evaluation does
+    with each text)."""
+
+    def __init__(self, outputs: list[tuple[str, bool]]) -> None:
+        self.outputs = list(outputs)
+
+    def prompt_ids(self, question: str, pool: Any) -> list[int]:
+        return [1, 2, 3]
+
+    def sample(self, prompts: list[list[int]], n: int, **kw: Any) -> list[list[_Sample]]:
+        out = []
+        for p in prompts:
+            text, finished = self.outputs.pop(0)
+            out.append([_Sample(p, [5], text, [0.0], [(0, len(text))], finished)])
+        return out
+
+
+def test_wilson_interval_by_hand() -> None:
+    low, high = wilson_interval(75, 100)  # Wilson (1927): 0.6570 .. 0.8245
+    assert (round(low, 4), round(high, 4)) == (0.657, 0.8245)
+    assert wilson_interval(0, 10)[0] == 0.0 and round(wilson_interval(0, 10)[1], 4) == 0.2775
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_invalid_orchestrator_output_scores_zero_and_is_counted_not_replaced() -> None:
+    pool = load_pool("simulated")
+    exs = _examples(4)
+    good = spec_completion(cot("small"))  # the simulated small level is ~95% right on MultiArith
+    cut = "```yaml\nagents:\n  - id: a"
+    outputs = [(good, True), ("I think one agent would do.", True), (good, True), (cut, False)]
+    summary, records = evaluate_orchestrator(_ScriptedPolicy(outputs), pool, exs, benchmark=get("multiarith"),
+                                             max_new_tokens=64, seed=0, progress=False)
+    invalid = [r for r in records if not r["valid"]]
+    assert [r["id"] for r in invalid] == [exs[1].id, exs[3].id]
+    assert all(r["score"] == 0.0 and r["spec"] is None and r["agent_calls"] == 0 for r in invalid)
+    assert invalid[0]["error"].startswith("invalid_spec") and invalid[0]["orchestrator_output"].startswith("I think")
+    assert [r["truncated_spec"] for r in invalid] == [False, True]
+    # nothing was substituted: the invalid examples ran no agent at all
+    assert summary.n == 4 and summary.invalid == 2 and summary.valid_rate == 0.5 and summary.truncated_specs == 1
+    valid_scores = [r["score"] for r in records if r["valid"]]
+    assert summary.accuracy == pytest.approx(sum(valid_scores) / 4)
+    assert (summary.accuracy_ci_low, summary.accuracy_ci_high) == pytest.approx(wilson_interval(sum(valid_scores), 4))
+
+
+def test_a_list_of_attempts_is_scored_in_order() -> None:
+    pool = load_pool("simulated")
+    exs = _examples(3)
+    attempts = [cot("large"), InvalidSpec("no agents", "", False), cot("large")]
+    summary, records = evaluate(get("multiarith"), exs, attempts, pool, method="lemon", progress=False)
+    assert [r["valid"] for r in records] == [True, False, True]
+    assert summary.valid_rate == pytest.approx(2 / 3) and summary.failures == 0
+
+
+def test_baseline_summary_has_interval_valid_rate_one_and_counts_truncated_answers() -> None:
+    pool = load_pool("simulated")
+    exs = _examples(5)
+    summary, records = evaluate(get("multiarith"), exs, cot("small"), pool, method="cot", progress=False)
+    assert summary.valid_rate == 1.0 and summary.invalid == 0
+    assert summary.accuracy_ci_low <= summary.accuracy <= summary.accuracy_ci_high
+    assert summary.truncated_answers == 0  # the simulated small level answers in 40 of its tokens
+    capped = pool.model_copy(deep=True)
+    capped.levels = [lv.model_copy(update={"max_tokens": 40}) for lv in capped.levels]
+    trace = execute_specs([cot("small")], exs[:1], capped)[0]
+    assert truncated_agents(trace, capped) == 1  # used the whole cap: counted as cut off

@@ -1,0 +1,53 @@
+"""Teacher specs by measured reward (lemon_core/teachers.py), on the simulated pool whose optimum is known:
+MultiArith -> one `small` agent (cheap and ~95% right), GSM8K -> `large` (small 20%, large 85%)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from lemon_core.backends.simulated import register_examples
+from lemon_core.benchmarks import Example
+from lemon_core.pool import load_pool
+from lemon_core.reward import RewardConfig
+from lemon_core.rollout import benchmark_scorer
+from lemon_core.teachers import SweepConfig, candidate_specs, sweep_report, sweep_teachers
+
+
+def _tasks(benchmark: str, n: int) -> list[Example]:
+    tasks = [Example(id=f"{benchmark}/train/{i}", benchmark=benchmark, question=f"{benchmark} task {i}: 3 + {i}?",
+                     answer=str(3 + i), answer_format="End with: The answer is N.") for i in range(n)]
+    register_examples(tasks)
+    return tasks
+
+
+def test_candidates_cover_every_level_and_cheap_helpers() -> None:
+    pool = load_pool("simulated")
+    names = set(candidate_specs(pool, SweepConfig()))
+    levels = pool.level_names
+    assert {f"cot@{lv}" for lv in levels} <= names and f"chain@{levels[0]}+{levels[-1]}" in names
+    helpers = candidate_specs(pool, SweepConfig())[f"sc@{levels[0]}+{levels[-1]}"]
+    caps = {a.id: a.capacity for a in helpers.agents}
+    assert caps[helpers.output] == levels[-1] and sorted(set(caps.values())) == sorted({levels[0], levels[-1]})
+
+
+def test_sweep_teaches_the_known_optimum_per_benchmark() -> None:
+    pool = load_pool("simulated")
+    reward = RewardConfig(lambda_cost=1.0)
+    multi = sweep_teachers(_tasks("multiarith", 12), pool, SweepConfig(), reward, benchmark_scorer)
+    gsm = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(), reward, benchmark_scorer)
+    assert Counter(c.candidate for c in multi).most_common(1)[0][0] == "cot@small"
+    assert len({c.candidate for c in gsm}) == 1  # one choice per benchmark: its best mean reward
+    assert all(c.spec.agents[-1].capacity == "large" for c in gsm)  # the answer comes from `large` (0.85 vs 0.20)
+    assert all(c.score > 0 for c in multi if not c.fallback)
+    lucky = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(select="per_task"), reward, benchmark_scorer)
+    assert any(c.spec.agents[-1].capacity != "large" for c in lucky)  # per task, a lucky cheap answer wins
+
+
+def test_unsolvable_tasks_fall_back_to_the_best_mean_candidate() -> None:
+    pool = load_pool("simulated")
+    choices = sweep_teachers(_tasks("multiarith", 4), pool, SweepConfig(topologies=["cot"]), RewardConfig(),
+                             lambda answer, task: 0.0)
+    assert all(c.fallback for c in choices)
+    assert {c.candidate for c in choices} == {"cot@small"}  # all wrong: the fewest, cheapest tokens win
+    report = sweep_report(choices)
+    assert report["fallback_tasks"] == 4 and report["taught"] == {"cot@small": 4}
