@@ -1,0 +1,235 @@
+"""Sandbox modes: each usable mode contains ctypes-level attacks; the unsafe fallback is refused unless opted in.
+
+Attacks run with ``guard=False`` (no Python prelude), which is what ctypes gives a hostile program anyway.
+"No namespaces" is simulated by making the mode probe report failure for the namespace modes.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lemon_core.benchmarks import sandbox
+from lemon_core.benchmarks.sandbox import (
+    SandboxLimits,
+    SandboxUnavailableError,
+    run_python,
+    run_tests,
+    sandbox_mode,
+)
+
+
+def _safe_modes() -> list[str]:
+    try:
+        sandbox_mode()
+    except SandboxUnavailableError:
+        return []
+    return ["namespaces", "userns"] if os.geteuid() == 0 else ["userns"]
+
+
+MODES = _safe_modes()  # as root both namespace flavours run here; otherwise only the user-namespace one
+LIMITS = SandboxLimits(timeout_s=5)
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as a cluster pod whose seccomp profile blocks unshare would look to the probe."""
+    real = sandbox._probe
+    monkeypatch.setattr(sandbox, "_probe", lambda mode: "unshare failed: Operation not permitted (simulated)"
+                        if mode != "basic" else real(mode))
+    monkeypatch.delenv(sandbox.POLICY_ENV, raising=False)
+
+
+def test_no_safe_mode_refuses_with_what_to_enable(no_namespaces: None) -> None:
+    with pytest.raises(SandboxUnavailableError) as info:
+        sandbox_mode()
+    message = str(info.value)
+    assert "LEMON_SANDBOX=unsafe-allow" in message and "user namespaces" in message and "CAP_SYS_ADMIN" in message
+    assert "simulated" in message  # the probe's own error is kept, for whoever reads the log
+    with pytest.raises(SandboxUnavailableError):
+        run_tests("def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
+
+
+def test_scoring_refuses_instead_of_scoring_zero(no_namespaces: None) -> None:
+    from lemon_core.benchmarks.base import Example
+    from lemon_core.benchmarks.humaneval import HumanEval
+
+    example = Example(id="humaneval/all/0", benchmark="humaneval", question="q", answer="HumanEval/0",
+                      answer_format="f", meta={"prompt": "def f():\n", "test": "def check(c):\n    assert c() == 1\n",
+                                               "entry_point": "f", "canonical_solution": "    return 1\n"})
+    with pytest.raises(SandboxUnavailableError, match="unsafe-allow"):
+        HumanEval().score("    return 1\n", example)
+
+
+def test_explicit_basic_mode_needs_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sandbox.POLICY_ENV, raising=False)
+    with pytest.raises(SandboxUnavailableError, match="LEMON_SANDBOX=unsafe-allow"):
+        run_python("print(1)", mode="basic")
+
+
+def test_unsafe_opt_in_uses_basic_and_records_it(no_namespaces: None, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(sandbox.POLICY_ENV, "unsafe-allow")
+    with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+        assert sandbox_mode() == "basic"
+    assert "UNSAFE" in caplog.text
+    result = run_tests("def f(x):\n    return x + 1\n", "def check(c):\n    assert c(1) == 2\n", "f", LIMITS)
+    assert result.passed and result.mode == "basic"
+
+
+def test_opt_in_still_prefers_a_safe_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sandbox.POLICY_ENV, "unsafe-allow")
+    assert sandbox_mode() in ("namespaces", "userns")
+
+
+def test_bad_policy_names_the_variable_and_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sandbox.POLICY_ENV, "yolo")
+    with pytest.raises(SandboxUnavailableError, match=r"LEMON_SANDBOX='yolo'.*auto, unsafe-allow"):
+        sandbox_mode()
+
+
+@pytest.mark.parametrize("legacy_remount", [False, True], ids=["mount_setattr", "per-mount-remount"])
+@pytest.mark.parametrize("mode", MODES)
+def test_no_write_outside_workdir_by_any_route(mode: str, legacy_remount: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A root-owned host folder: writable to the uid-0 of a user namespace before every mount was made
+    # read-only. Each route below bypasses the prelude's open()/os.open() patches.
+    real_config = sandbox._config
+    monkeypatch.setattr(sandbox, "_config", lambda *a: {**real_config(*a), "legacy_remount": legacy_remount})
+    host_dir = Path("/var/lib") / f"lemon-sandbox-test-{uuid.uuid4().hex}"
+    host_dir.mkdir()
+    host_dir.chmod(0o777)  # world-writable, so the private uid of namespaces mode is no obstacle either
+    try:
+        code = f"""
+import ctypes, posix, _io
+d = {str(host_dir)!r}
+routes = {{
+    "posix.open": lambda: posix.open(d + "/a", posix.O_WRONLY | posix.O_CREAT),
+    "_io.open": lambda: _io.open(d + "/b", "w"),
+    "_io.FileIO": lambda: _io.FileIO(d + "/c", "w"),
+    "ctypes open": lambda: ctypes.CDLL(None, use_errno=True).open((d + "/d").encode(), 0o101, 0o644),
+}}
+for name, route in routes.items():
+    try:
+        print(name, "->", route())
+    except OSError as exc:
+        print(name, "refused:", exc)
+open("inside.txt", "w").write("ok")
+print("inside ok")
+"""
+        result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+        assert result.passed and "inside ok" in result.stdout_tail, result.stderr_tail
+        assert list(host_dir.iterdir()) == [], result.stdout_tail
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def _listener() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.5)
+    return server, server.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_loopback_listener_is_unreachable(mode: str) -> None:
+    server, port = _listener()
+    code = f"""
+import ctypes, importlib, struct, sys
+sys.modules.pop("_socket", None)
+_socket = importlib.import_module("_socket")
+try:
+    _socket.socket().connect(("127.0.0.1", {port}))
+    print("connected via _socket")
+except OSError as exc:
+    print("_socket refused:", exc)
+libc = ctypes.CDLL(None)
+fd = libc.socket(2, 1, 0)
+addr = struct.pack("=H", 2) + struct.pack(">H", {port}) + bytes([127, 0, 0, 1]) + bytes(8)
+print("ctypes connect ->", libc.connect(fd, addr, 16))
+"""
+    try:
+        result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+        assert "connected" not in result.stdout_tail and "connect -> -1" in result.stdout_tail, result.stdout_tail
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scorer_secrets_are_unreadable_through_proc(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"hunter2-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    code = f"""
+import os
+for pid in {{os.getppid(), {os.getpid()}, *[int(p) for p in os.listdir("/proc") if p.isdigit()]}}:
+    for name in ("environ", "cmdline"):
+        try:
+            print(pid, name, open(f"/proc/{{pid}}/{{name}}", "rb").read())
+        except OSError as exc:
+            print(pid, name, "refused:", exc)
+print(dict(os.environ))
+"""
+    result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+    assert result.passed and "environ" in result.stdout_tail, result.stderr_tail
+    assert secret not in result.stdout_tail and secret not in result.stderr_tail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_host_processes_cannot_be_signalled(mode: str) -> None:
+    # a stand-in for the scoring process: same uid as the scorer, outside the sandbox
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = (f"import ctypes, os, signal\nlibc = ctypes.CDLL(None)\n"
+                f"print(libc.kill({victim.pid}, signal.SIGKILL), os.getppid(), flush=True)\n"
+                "if os.getppid() > 0:\n    libc.kill(os.getppid(), signal.SIGKILL)\n")
+        result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+        assert result.stdout_tail.split() == ["-1", "0"], result.stdout_tail  # no such pid; no parent in sight
+        assert victim.poll() is None  # still running
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def _processes_named(marker: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_setsid_descendants_die_with_the_run(mode: str) -> None:
+    marker = f"lemon-orphan-{uuid.uuid4().hex}"
+    code = (f"import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv('/bin/sleep', [{marker!r}, '60'])\n    os._exit(0)\n"
+            f"import time\ntime.sleep(0.5)\nprint('parent exits')\n")
+    result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+    try:
+        assert result.passed and "parent exits" in result.stdout_tail, result.stderr_tail
+        assert _processes_named(marker) == []
+    finally:
+        for pid in _processes_named(marker):
+            os.kill(pid, 9)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_environment_holds_nothing_of_the_scorer(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEMON_TEST_TOKEN", "s3cr3t")
+    result = run_python("import os\nprint(sorted(os.environ))", LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+    assert result.passed
+    assert ast.literal_eval(result.stdout_tail.strip()) == ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "TMPDIR"]
