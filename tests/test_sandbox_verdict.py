@@ -15,6 +15,7 @@ from lemon_core.benchmarks import DataNotFoundError, Example, find_data_root, ge
 from lemon_core.benchmarks.humaneval import HumanEval, build_program
 from lemon_core.benchmarks.sandbox import (
     SandboxLimits,
+    SandboxUnavailableError,
     decode_value,
     encode_value,
     run_python,
@@ -28,6 +29,11 @@ try:
 except DataNotFoundError:  # pragma: no cover - the repo is checked out next to shared/datasets
     HAVE_DATA = False
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="shared/datasets not found")
+try:
+    MODE, REFUSAL = sandbox_mode(), ""
+except SandboxUnavailableError as refusal:  # it names what to enable (docs/sandbox.md)
+    MODE, REFUSAL = "refused", str(refusal)
+needs_sandbox = pytest.mark.skipif(bool(REFUSAL), reason=REFUSAL or "a safe sandbox mode works here")
 
 LIMITS = SandboxLimits(timeout_s=4)
 WRONG = "def truncate_number(number: float) -> float:\n    return 0.25\n"  # HumanEval/2, wrong on purpose
@@ -80,6 +86,7 @@ def _example(task: int) -> Example:
 
 
 @needs_data
+@needs_sandbox
 @pytest.mark.parametrize("name", [n for n, (_, _, games) in HOSTILE.items() if games])
 def test_case_games_the_exit_code_verdict(name: str) -> None:
     task, completion, _ = HOSTILE[name]
@@ -87,9 +94,10 @@ def test_case_games_the_exit_code_verdict(name: str) -> None:
 
 
 @needs_data
+@needs_sandbox
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_completion_scores_zero(name: str) -> None:
-    assert sandbox_mode() in ("namespaces", "userns")  # kill(-1) must stay inside a namespace
+    assert MODE in ("namespaces", "userns")  # kill(-1) must stay inside a namespace
     task, completion, _ = HOSTILE[name]
     he, example = HumanEval(LIMITS), _example(task)
     result = he.run(completion, example)
@@ -98,6 +106,7 @@ def test_hostile_completion_scores_zero(name: str) -> None:
     assert he.score(example.meta["canonical_solution"], example) == 1.0  # the problem itself is passable
 
 
+@needs_sandbox
 def test_pass_needs_check_to_return() -> None:
     solution = "def double(x):\n    return 2 * x\n"
     good = "def check(candidate):\n    assert candidate(3) == 6\n    assert candidate((1,)) == (1, 1)\n"
@@ -109,6 +118,7 @@ def test_pass_needs_check_to_return() -> None:
     assert run_tests(solution, exits, "double", LIMITS).reason == "error"
 
 
+@needs_sandbox
 def test_candidate_exception_and_timeout_are_not_passes() -> None:
     tests = "def check(candidate):\n    assert candidate(1) == 1\n"
     raised = run_tests("def f(x):\n    raise ValueError('boom')\n", tests, "f", LIMITS)
@@ -117,18 +127,21 @@ def test_candidate_exception_and_timeout_are_not_passes() -> None:
     assert slow.reason == "timeout" and not slow.passed and slow.duration_s < 4
 
 
+@needs_sandbox
 def test_tested_program_output_is_kept_apart_from_the_channel() -> None:
     solution = "print('hello from the program')\ndef f(x):\n    print('debug', x)\n    return x\n"
     result = run_tests(solution, "def check(candidate):\n    assert candidate(5) == 5\n", "f", LIMITS)
     assert result.passed and "debug 5" in result.stdout_tail
 
 
+@needs_sandbox
 def test_huge_ints_cross_whole() -> None:
     # beyond Python's default 4300-digit str limit, which both sandboxes lift for the channel
     tests = "def check(candidate):\n    assert candidate(6000) == 7 ** 6000\n"
     assert run_tests("def f(n):\n    return 7 ** n\n", tests, "f", LIMITS).passed
 
 
+@needs_sandbox
 def test_tests_calling_the_function_by_name_reach_the_candidate() -> None:
     # HumanEval/33's tests call sort_third by name, as the official harness allows
     stub = "def f(x):\n    return None\n"

@@ -665,8 +665,9 @@ def _refusal(errors: dict[str, str]) -> SandboxUnavailableError:
         "refusing to run model-written code: no safe sandbox mode works here (" + tried + "). "
         "Enable one: run the scorer as root with CAP_SYS_ADMIN (mode 'namespaces'), or allow "
         "unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-        "kernel.unprivileged_userns_clone=1 where it exists, and a seccomp/AppArmor profile that permits "
-        "unshare(CLONE_NEWUSER), e.g. Kubernetes securityContext.seccompProfile.type: Unconfined) "
+        "kernel.unprivileged_userns_clone=1 where it exists, kernel.apparmor_restrict_unprivileged_userns=0 "
+        "on Ubuntu >= 23.10, and a seccomp profile that permits unshare(CLONE_NEWUSER) and mount, e.g. "
+        "Kubernetes securityContext.seccompProfile.type: Unconfined) "
         f"(mode 'userns'). To accept the risk anyway set {POLICY_ENV}=unsafe-allow (see docs/sandbox.md).")
 
 
