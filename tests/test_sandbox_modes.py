@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -234,3 +235,57 @@ def test_environment_holds_nothing_of_the_scorer(mode: str, monkeypatch: pytest.
     result = run_python("import os\nprint(sorted(os.environ))", LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
     assert result.passed
     assert ast.literal_eval(result.stdout_tail.strip()) == ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "TMPDIR"]
+
+
+def _system_python_for_nobody() -> str | None:
+    """An interpreter the unprivileged 'nobody' can start (the venv's may live under a 0700 /root)."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        return None
+    for python in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        probe = subprocess.run(["runuser", "-u", "nobody", "--", python, "-c",
+                                "import sys; assert sys.version_info >= (3, 11)"], capture_output=True)
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+NOBODY_PYTHON = _system_python_for_nobody()
+
+
+@pytest.mark.skipif(NOBODY_PYTHON is None, reason="needs root, runuser and a Python >= 3.11 'nobody' can run")
+def test_unprivileged_user_gets_userns_and_cannot_write_its_own_files() -> None:
+    # The cluster's likely case: a non-root scorer. Files it owns are writable to the uid-0 of its user
+    # namespace unless every mount is read-only; both remount routes are exercised.
+    shared = Path(tempfile.mkdtemp(prefix="lemon-nobody-", dir="/var/tmp"))
+    own = Path("/var/lib") / f"lemon-nobody-{uuid.uuid4().hex}"  # not under a scratch dir: visible inside
+    try:
+        shared.chmod(0o755)
+        shutil.copy(sandbox.__file__, shared / "sandbox_copy.py")
+        own.mkdir()
+        shutil.chown(own, "nobody")
+        script = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sbx", {str(shared / "sandbox_copy.py")!r})
+sbx = importlib.util.module_from_spec(spec)
+sys.modules["sbx"] = sbx
+spec.loader.exec_module(sbx)
+print("mode", sbx.sandbox_mode())
+attack = "import posix\\nposix.close(posix.open({str(own / "x")!r}, posix.O_WRONLY | posix.O_CREAT))"
+for legacy in (False, True):
+    real = sbx._config
+    sbx._config = lambda *a: {{**real(*a), "legacy_remount": legacy}}
+    print("attack", sbx.run_python(attack, mode="userns", guard=False).stderr_tail.splitlines()[-1:])
+    sbx._config = real
+solved = sbx.run_tests("def f(x):\\n    return x + 1\\n", "def check(c):\\n    assert c(1) == 2\\n", "f")
+faked = sbx.run_tests("import os\\nos._exit(0)\\n", "def check(c):\\n    assert c(1) == 2\\n", "f")
+print("verdicts", solved.passed, faked.passed)
+"""
+        run = subprocess.run(["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-c", script], cwd=shared,
+                             capture_output=True, text=True, timeout=120)
+        assert "mode userns" in run.stdout, run.stdout + run.stderr
+        assert run.stdout.count("Read-only file system") == 2, run.stdout + run.stderr
+        assert "verdicts True False" in run.stdout, run.stdout + run.stderr
+        assert list(own.iterdir()) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
