@@ -79,9 +79,10 @@ def test_explicit_basic_mode_needs_the_opt_in(monkeypatch: pytest.MonkeyPatch) -
 def test_unsafe_opt_in_uses_basic_and_records_it(no_namespaces: None, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv(sandbox.POLICY_ENV, "unsafe-allow")
+    sandbox._warn_unsafe.cache_clear()
     with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
-        assert sandbox_mode() == "basic"
-    assert "UNSAFE" in caplog.text
+        assert sandbox_mode() == "basic" and sandbox_mode() == "basic"
+    assert caplog.text.count("UNSAFE") == 1  # said once, loudly, not once per scored completion
     result = run_tests("def f(x):\n    return x + 1\n", "def check(c):\n    assert c(1) == 2\n", "f", LIMITS)
     assert result.passed and result.mode == "basic"
 

@@ -301,8 +301,6 @@ def encode_value(value: Any) -> Any:
     """A JSON-ready copy of a plain value; tuples, sets, dicts, bytes and complex numbers are tagged."""
     if value is None or type(value) in (bool, str, float):
         return value
-    if isinstance(value, bool):  # a bool subclass: keep its truth, not the object
-        return bool(value)
     if isinstance(value, int):  # also int subclasses and IntEnum: only the number crosses
         return int(value)
     if isinstance(value, float):
@@ -377,7 +375,8 @@ _lemon_serve({entry_point!r}, {request_fd}, {reply_fd}, _lemon_codec)
 CHECK = '''
 def _lemon_check(entry_point, request_fd, reply_fd, verdict_fd, codec_source):
     import ctypes, json, os, sys
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no /proc/<pid>/mem, fd or ptrace for others
+    if sys.platform.startswith("linux"):  # PR_SET_DUMPABLE=0: no /proc/<pid>/mem, fd or ptrace for others
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     sys.set_int_max_str_digits(0)
     secret = sys.stdin.buffer.read()
     codec = {{}}
@@ -671,6 +670,13 @@ def _refusal(errors: dict[str, str]) -> SandboxUnavailableError:
         f"(mode 'userns'). To accept the risk anyway set {POLICY_ENV}=unsafe-allow (see docs/sandbox.md).")
 
 
+@functools.cache
+def _warn_unsafe(errors: str) -> None:
+    """Once per process, not once per scored completion."""
+    log.warning("code sandbox: UNSAFE basic mode (%s=unsafe-allow): model-written code is not contained; "
+                "namespaces failed: %s", POLICY_ENV, errors)
+
+
 def sandbox_mode() -> str:
     """The mode scoring will use here: 'namespaces', 'userns', or 'basic' (only with
     LEMON_SANDBOX=unsafe-allow). Raises SandboxUnavailableError, naming what to enable, when no mode fits."""
@@ -684,7 +690,7 @@ def sandbox_mode() -> str:
     if policy == "unsafe-allow":
         errors["basic"] = _probe("basic")
     if policy == "unsafe-allow" and not errors["basic"]:
-        log.warning("code sandbox: UNSAFE basic mode (%s=unsafe-allow); no namespaces: %s", POLICY_ENV, errors)
+        _warn_unsafe(json.dumps(errors))
         return "basic"
     raise _refusal(errors)
 
