@@ -12,7 +12,9 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -169,23 +171,47 @@ print("ctypes connect ->", libc.connect(fd, addr, 16))
         server.close()
 
 
+@pytest.mark.parametrize("fresh_proc", [True, False], ids=["own-proc", "masked-container-proc"])
 @pytest.mark.parametrize("mode", MODES)
-def test_scorer_secrets_are_unreadable_through_proc(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scorer_secrets_are_unreadable_through_proc(mode: str, fresh_proc: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the kernel refuses a new proc mount (a container's masked /proc, in a user namespace) the
+    # launcher covers the old /proc with an empty tmpfs instead; "no_fresh_proc" takes that route here.
+    real_config = sandbox._config
+    monkeypatch.setattr(sandbox, "_config", lambda *a: {**real_config(*a), "no_fresh_proc": not fresh_proc})
     secret = f"hunter2-{uuid.uuid4().hex}"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    code = f"""
+    # a stand-in scorer: same uid, the secret in its initial environment and on its command line
+    scorer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--api-key={secret}"],
+                              env={**os.environ, "AWS_SECRET_ACCESS_KEY": secret})
+    try:
+        for _ in range(250):  # until it has exec'd: then the secret is there to be found
+            if secret.encode() in Path(f"/proc/{scorer.pid}/environ").read_bytes():
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the stand-in scorer never showed its environment")
+        # the probe is told what to look for, so it can report every place it finds it in a few lines
+        code = f"""
 import os
-for pid in {{os.getppid(), {os.getpid()}, *[int(p) for p in os.listdir("/proc") if p.isdigit()]}}:
+pids = {{os.getppid(), {scorer.pid}, {os.getpid()}, *[int(p) for p in os.listdir("/proc") if p.isdigit()]}}
+read = 0
+for pid in pids:
     for name in ("environ", "cmdline"):
         try:
-            print(pid, name, open(f"/proc/{{pid}}/{{name}}", "rb").read())
-        except OSError as exc:
-            print(pid, name, "refused:", exc)
-print(dict(os.environ))
+            data = open(f"/proc/{{pid}}/{{name}}", "rb").read()
+        except OSError:
+            continue
+        read += 1
+        if {secret.encode()!r} in data:
+            print("LEAK", pid, name)
+print("LEAK env" if {secret!r} in str(os.environ) else "clean env", "read", read)
 """
-    result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
-    assert result.passed and "environ" in result.stdout_tail, result.stderr_tail
-    assert secret not in result.stdout_tail and secret not in result.stderr_tail
+        result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+    finally:
+        scorer.kill()
+        scorer.wait()
+    assert result.passed and "clean env read" in result.stdout_tail, result.stderr_tail
+    assert "LEAK" not in result.stdout_tail
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -253,10 +279,19 @@ def _system_python_for_nobody() -> str | None:
 NOBODY_PYTHON = _system_python_for_nobody()
 
 
+# A file a container runtime masks with /dev/null (Docker/containerd do it for /proc/kcore, /proc/keys,
+# /proc/timer_list, ...): with such a mount under /proc the kernel refuses a new proc mount in a user namespace.
+MASKABLE = next((p for p in ("/proc/kcore", "/proc/keys", "/proc/timer_list") if os.path.isfile(p)), None)
+
+
 @pytest.mark.skipif(NOBODY_PYTHON is None, reason="needs root, runuser and a Python >= 3.11 'nobody' can run")
-def test_unprivileged_user_gets_userns_and_cannot_write_its_own_files() -> None:
-    # The cluster's likely case: a non-root scorer. Files it owns are writable to the uid-0 of its user
-    # namespace unless every mount is read-only; both remount routes are exercised.
+@pytest.mark.parametrize("masked_proc", [False, True], ids=["plain-host", "container-masked-proc"])
+def test_unprivileged_user_gets_userns_and_cannot_write_its_own_files(masked_proc: bool) -> None:
+    # The cluster's likely case: a non-root scorer, maybe in a container whose /proc is masked. Files it
+    # owns are writable to the uid-0 of its user namespace unless every mount is read-only; both remount
+    # routes are exercised; host processes stay out of sight either way.
+    if masked_proc and (MASKABLE is None or shutil.which("unshare") is None):
+        pytest.skip("needs unshare(1) and a /proc file to mask")
     shared = Path(tempfile.mkdtemp(prefix="lemon-nobody-", dir="/var/tmp"))
     own = Path("/var/lib") / f"lemon-nobody-{uuid.uuid4().hex}"  # not under a scratch dir: visible inside
     try:
@@ -277,13 +312,19 @@ for legacy in (False, True):
     sbx._config = lambda *a: {{**real(*a), "legacy_remount": legacy}}
     print("attack", sbx.run_python(attack, mode="userns", guard=False).stderr_tail.splitlines()[-1:])
     sbx._config = real
+count = "import os\\nprint(sum(p.isdigit() for p in os.listdir('/proc')))"
+print("visible processes", sbx.run_python(count, mode="userns").stdout_tail)
 solved = sbx.run_tests("def f(x):\\n    return x + 1\\n", "def check(c):\\n    assert c(1) == 2\\n", "f")
 faked = sbx.run_tests("import os\\nos._exit(0)\\n", "def check(c):\\n    assert c(1) == 2\\n", "f")
 print("verdicts", solved.passed, faked.passed)
 """
-        run = subprocess.run(["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-c", script], cwd=shared,
-                             capture_output=True, text=True, timeout=120)
+        command = ["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-c", script]
+        if masked_proc:  # a private mount namespace with the mask, as the container runtime would set it up
+            command = ["unshare", "-m", "sh", "-c", f'mount --make-rprivate / && mount --bind /dev/null {MASKABLE} '
+                       '&& exec "$@"', "sh", *command]
+        run = subprocess.run(command, cwd=shared, capture_output=True, text=True, timeout=120)
         assert "mode userns" in run.stdout, run.stdout + run.stderr
+        assert ("visible processes 0" if masked_proc else "visible processes 1") in run.stdout, run.stdout
         assert run.stdout.count("Read-only file system") == 2, run.stdout + run.stderr
         assert "verdicts True False" in run.stdout, run.stdout + run.stderr
         assert list(own.iterdir()) == []

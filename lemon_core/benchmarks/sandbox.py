@@ -238,6 +238,19 @@ def make_all_mounts_read_only():
             if err != errno.EINVAL:  # EINVAL: a covered path, no longer a mount point; its cover is remounted
                 fail(f"making {point} read-only failed: {os.strerror(err)}")
 
+def mount_fresh_proc():
+    # A container runtime's masked /proc (/dev/null bound over /proc/kcore, ...) makes the kernel refuse a
+    # new proc mount in a user namespace (EPERM); the old one then serves the bind mounts below and is
+    # covered by an empty tmpfs before the program starts.
+    if cfg.get("no_fresh_proc"):  # tests take this route on purpose
+        return False
+    if libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV), None) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err != errno.EPERM:
+        fail(f"mount /proc failed: {os.strerror(err)}")
+    return False
+
 mode, work = cfg["mode"], cfg["workdir"]
 try:
     if mode in ("namespaces", "userns"):
@@ -255,7 +268,7 @@ try:
             _, status = os.waitpid(child, 0)
             os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
         mount(None, "/", None, MS_REC | MS_PRIVATE)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
+        fresh_proc = mount_fresh_proc()
         # descriptors must be opened inside the new mount namespace to be bind sources, and before
         # the tmpfs mounts below cover their paths
         keep = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in cfg["expose"]}
@@ -275,6 +288,8 @@ try:
         mount(f"/proc/self/fd/{work_fd}", work, None, MS_BIND)
         mount(None, work, None, remount_flags(work, False) | MS_NOSUID | MS_NODEV)  # the one writable host dir
         os.close(work_fd)
+        if not fresh_proc:  # the host's processes stay out of sight: an empty, read-only /proc
+            mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=555")
     os.chdir(work)
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
