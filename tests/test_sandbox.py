@@ -132,8 +132,8 @@ def test_write_outside_workdir_without_prelude_lands_in_throwaway_tmpfs(mode: st
 
 @pytest.mark.skipif(MODE != "namespaces", reason="the private uid exists only in namespaces mode as root")
 def test_host_files_are_read_only_to_the_private_uid(tmp_path: Path) -> None:
-    # A root-owned host folder outside the paths the sandbox swaps for tmpfs (/tmp, /var/tmp, ...),
-    # so it is visible inside and the refusal comes from file permissions, wherever the repo lives.
+    # A root-owned host folder. Since the sandbox builds a minimal root it is not even visible there
+    # (FileNotFoundError, accepted on purpose); it must stay untouched either way.
     host_dir = Path("/var/lib") / f"lemon-sandbox-test-{uuid.uuid4().hex}"
     host_dir.mkdir(mode=0o755)
     target = host_dir / "escape"
@@ -141,7 +141,7 @@ def test_host_files_are_read_only_to_the_private_uid(tmp_path: Path) -> None:
         code = f"import os\nos.close(os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT))"
         result = run_python(code, guard=False)
         assert not result.passed
-        assert "PermissionError" in result.stderr_tail or "Read-only" in result.stderr_tail
+        assert any(e in result.stderr_tail for e in ("PermissionError", "Read-only", "FileNotFoundError"))
         assert not target.exists()
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lemon_core.benchmarks import sandbox
+from lemon_core.benchmarks import DataNotFoundError, find_data_root, sandbox
 from lemon_core.benchmarks.sandbox import (
     SandboxLimits,
     SandboxUnavailableError,
@@ -38,7 +38,11 @@ def _safe_modes() -> list[str]:
     return ["namespaces", "userns"] if os.geteuid() == 0 else ["userns"]
 
 
-MODES = _safe_modes()  # as root both namespace flavours run here; otherwise only the user-namespace one
+MODES = _safe_modes()
+try:
+    HAVE_DATA = find_data_root() is not None
+except DataNotFoundError:  # pragma: no cover - the repo is checked out next to shared/datasets
+    HAVE_DATA = False  # as root both namespace flavours run here; otherwise only the user-namespace one
 LIMITS = SandboxLimits(timeout_s=5)
 
 
@@ -105,22 +109,32 @@ def test_bad_policy_names_the_variable_and_the_choices(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("mode", MODES)
 def test_no_write_outside_workdir_by_any_route(mode: str, legacy_remount: bool,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # A root-owned host folder: writable to the uid-0 of a user namespace before every mount was made
-    # read-only. Each route below bypasses the prelude's open()/os.open() patches.
-    real_config = sandbox._config
-    monkeypatch.setattr(sandbox, "_config", lambda *a: {**real_config(*a), "legacy_remount": legacy_remount})
+    # A world-writable host folder shown inside the sandbox the way the interpreter's folders are: writable
+    # to the uid-0 of a user namespace (and to anyone) unless every mount is read-only. Each route below
+    # bypasses the prelude's open()/os.open() patches.
     host_dir = Path("/var/lib") / f"lemon-sandbox-test-{uuid.uuid4().hex}"
+    real_config = sandbox._config
+    monkeypatch.setattr(sandbox, "_config", lambda *a: {**real_config(*a), "legacy_remount": legacy_remount,
+                                                        "binds": [*real_config(*a)["binds"], str(host_dir)]})
     host_dir.mkdir()
     host_dir.chmod(0o777)  # world-writable, so the private uid of namespaces mode is no obstacle either
     try:
         code = f"""
-import ctypes, posix, _io
+import ctypes, os, posix, _io
 d = {str(host_dir)!r}
+libc = ctypes.CDLL(None, use_errno=True)
+
+def c_open(*args):
+    fd = libc.open(*args)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return fd
+
 routes = {{
     "posix.open": lambda: posix.open(d + "/a", posix.O_WRONLY | posix.O_CREAT),
     "_io.open": lambda: _io.open(d + "/b", "w"),
     "_io.FileIO": lambda: _io.FileIO(d + "/c", "w"),
-    "ctypes open": lambda: ctypes.CDLL(None, use_errno=True).open((d + "/d").encode(), 0o101, 0o644),
+    "ctypes open": lambda: c_open((d + "/d").encode(), 0o101, 0o644),
 }}
 for name, route in routes.items():
     try:
@@ -132,6 +146,7 @@ print("inside ok")
 """
         result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
         assert result.passed and "inside ok" in result.stdout_tail, result.stderr_tail
+        assert result.stdout_tail.count("Read-only file system") == 4, result.stdout_tail  # it was there to hit
         assert list(host_dir.iterdir()) == [], result.stdout_tail
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
@@ -143,6 +158,31 @@ def _listener() -> tuple[socket.socket, int]:
     server.listen(4)
     server.settimeout(0.5)
     return server, server.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_only_a_minimal_root_is_visible(mode: str) -> None:
+    # A world-readable answer key on the host (a dataset copy, a home dir, a mounted token) must not be
+    # there at all: reading the expected outputs would be a reward hack that passes any verdict.
+    host_dir = Path("/var/lib") / f"lemon-answers-{uuid.uuid4().hex}"
+    host_dir.mkdir(mode=0o755)
+    (host_dir / "key.txt").write_text("canonical solutions")
+    host_dir.chmod(0o755)
+    (host_dir / "key.txt").chmod(0o644)
+    data = find_data_root() if HAVE_DATA else host_dir
+    code = (f"import os\nprint(sorted(os.listdir('/')))\n"
+            f"for p in ({str(host_dir / 'key.txt')!r}, {str(data)!r}, '/home', '/run', '/var/run', '/etc/passwd'):\n"
+            "    print(p, os.path.exists(p))\n")
+    try:
+        result = run_python(code, LIMITS, mode=mode, guard=False)  # type: ignore[arg-type]
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+    assert result.passed, result.stderr_tail
+    lines = result.stdout_tail.splitlines()
+    assert all(line.endswith(" False") for line in lines[1:]) and len(lines) == 7, lines
+    allowed = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "tmp", "var"}
+    interpreter = {Path(p).parts[1] for p in sandbox._root_binds()}
+    assert set(ast.literal_eval(lines[0])) <= allowed | interpreter, lines[0]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -288,8 +328,8 @@ MASKABLE = next((p for p in ("/proc/kcore", "/proc/keys", "/proc/timer_list") if
 @pytest.mark.parametrize("masked_proc", [False, True], ids=["plain-host", "container-masked-proc"])
 def test_unprivileged_user_gets_userns_and_cannot_write_its_own_files(masked_proc: bool) -> None:
     # The cluster's likely case: a non-root scorer, maybe in a container whose /proc is masked. Files it
-    # owns are writable to the uid-0 of its user namespace unless every mount is read-only; both remount
-    # routes are exercised; host processes stay out of sight either way.
+    # owns would be writable to the uid-0 of its user namespace; they are not even in the sandbox's root
+    # (both remount routes); host processes stay out of sight either way.
     if masked_proc and (MASKABLE is None or shutil.which("unshare") is None):
         pytest.skip("needs unshare(1) and a /proc file to mask")
     shared = Path(tempfile.mkdtemp(prefix="lemon-nobody-", dir="/var/tmp"))
@@ -325,7 +365,7 @@ print("verdicts", solved.passed, faked.passed)
         run = subprocess.run(command, cwd=shared, capture_output=True, text=True, timeout=120)
         assert "mode userns" in run.stdout, run.stdout + run.stderr
         assert ("visible processes 0" if masked_proc else "visible processes 1") in run.stdout, run.stdout
-        assert run.stdout.count("Read-only file system") == 2, run.stdout + run.stderr
+        assert run.stdout.count("No such file or directory") == 2, run.stdout + run.stderr  # not even visible
         assert "verdicts True False" in run.stdout, run.stdout + run.stderr
         assert list(own.iterdir()) == []
     finally:

@@ -238,18 +238,61 @@ def make_all_mounts_read_only():
             if err != errno.EINVAL:  # EINVAL: a covered path, no longer a mount point; its cover is remounted
                 fail(f"making {point} read-only failed: {os.strerror(err)}")
 
-def mount_fresh_proc():
+def mount_proc(target):
     # A container runtime's masked /proc (/dev/null bound over /proc/kcore, ...) makes the kernel refuse a
-    # new proc mount in a user namespace (EPERM); the old one then serves the bind mounts below and is
-    # covered by an empty tmpfs before the program starts.
-    if cfg.get("no_fresh_proc"):  # tests take this route on purpose
-        return False
-    if libc.mount(b"proc", b"/proc", b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV), None) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err != errno.EPERM:
-        fail(f"mount /proc failed: {os.strerror(err)}")
-    return False
+    # new proc mount in a user namespace (EPERM): then an empty, read-only /proc, so no process shows.
+    if not cfg.get("no_fresh_proc"):  # tests take the fallback on purpose
+        if libc.mount(b"proc", target.encode(), b"proc", ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOEXEC), None) == 0:
+            return
+        err = ctypes.get_errno()
+        if err != errno.EPERM:
+            fail(f"mount {target} failed: {os.strerror(err)}")
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=555")
+
+def expose(path, root):
+    # the host's path, read-only (every source mount is read-only by now), at the same place in the new root
+    target = root + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(path):  # e.g. /bin -> usr/bin on merged-/usr systems
+        if not os.path.lexists(target):
+            os.symlink(os.readlink(path), target)
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    elif os.path.exists(path):
+        open(target, "a").close()
+    else:
+        return
+    mount(path, target, None, MS_BIND | MS_REC)
+
+def build_root(root):
+    # Only what the interpreter needs: the program never sees datasets, home dirs or mounted secrets.
+    size = f"size={cfg['tmpfs_bytes']}"
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=755")
+    for path in cfg["binds"]:
+        expose(path, root)
+    for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
+        os.makedirs(root + scratch, exist_ok=True)
+        mount("tmpfs", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+    os.makedirs(root + work, exist_ok=True)
+    mount(work, root + work, None, MS_BIND)
+    mount(None, root + work, None, remount_flags(root + work, False) | MS_NOSUID | MS_NODEV)  # the writable dir
+    os.makedirs(root + "/proc", exist_ok=True)
+    mount_proc(root + "/proc")
+    mount(None, root, None, remount_flags(root, True))  # the root tmpfs itself: no new top-level files
+
+def pivot_into(root):
+    # pivot_root(".", ".") stacks the old root on the new one; detaching it leaves nothing of the host
+    number = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine)
+    if number is None:
+        fail(f"pivot_root: unknown syscall number on {os.uname().machine}")
+    os.chdir(root)
+    call("pivot_root", libc.syscall(number, b".", b"."))
+    call("umount the host root", libc.umount2(b".", 2))  # MNT_DETACH
+    os.chdir("/")
 
 mode, work = cfg["mode"], cfg["workdir"]
 try:
@@ -268,28 +311,9 @@ try:
             _, status = os.waitpid(child, 0)
             os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
         mount(None, "/", None, MS_REC | MS_PRIVATE)
-        fresh_proc = mount_fresh_proc()
-        # descriptors must be opened inside the new mount namespace to be bind sources, and before
-        # the tmpfs mounts below cover their paths
-        keep = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in cfg["expose"]}
-        work_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
-        make_all_mounts_read_only()
-        size = f"size={cfg['tmpfs_bytes']}"
-        for d in cfg["scratch"]:
-            mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
-        for d in cfg["hide"]:
-            mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=755")
-        for p, fd in keep.items():
-            os.makedirs(p, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-            mount(None, p, None, remount_flags(p, True) | MS_NOSUID)
-            os.close(fd)
-        os.makedirs(work, exist_ok=True)
-        mount(f"/proc/self/fd/{work_fd}", work, None, MS_BIND)
-        mount(None, work, None, remount_flags(work, False) | MS_NOSUID | MS_NODEV)  # the one writable host dir
-        os.close(work_fd)
-        if not fresh_proc:  # the host's processes stay out of sight: an empty, read-only /proc
-            mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=555")
+        make_all_mounts_read_only()  # the bind mounts below inherit it
+        build_root(cfg["root"])
+        pivot_into(cfg["root"])
     os.chdir(work)
     for name, value in cfg["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
@@ -427,36 +451,21 @@ def _codec_source() -> str:
     return "from typing import Any\n\n" + inspect.getsource(encode_value) + "\n" + inspect.getsource(decode_value)
 
 
-def _exposed_dirs() -> list[str]:
-    """Folders the interpreter needs: its prefix(es) and the folders holding its executable."""
-    dirs = {sys.base_prefix, sys.prefix, os.path.dirname(sys.executable),
-            os.path.dirname(os.path.realpath(sys.executable))}
-    real = sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
-    return [d for d in real if not any(d.startswith(other + os.sep) for other in real)]
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime",
+                "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
-def _untraversable_ancestors(paths: list[str]) -> list[str]:
-    """Topmost ancestors of ``paths`` that an unprivileged uid cannot enter (no o+x)."""
-    hidden: set[str] = set()
-    for path in paths:
-        parts = Path(path).parts
-        for i in range(2, len(parts) + 1):
-            ancestor = str(Path(*parts[:i]))
-            if not os.stat(ancestor).st_mode & 0o001:
-                hidden.add(ancestor)
-                break
-    return sorted(hidden)
+def _root_binds() -> list[str]:
+    """Host paths the sandbox's minimal root shows (read-only): system libraries and the interpreter's
+    folders, each once (a path under another listed one comes with it)."""
+    interpreter = {sys.base_prefix, sys.prefix, os.path.dirname(sys.executable),
+                   os.path.dirname(os.path.realpath(sys.executable))}
+    paths = set(SYSTEM_PATHS) | {p for d in interpreter for p in (d, os.path.realpath(d)) if os.path.isdir(p)}
+    return sorted(p for p in paths if not any(p.startswith(other + os.sep) for other in paths))
 
 
-SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")  # /run: also hides the host's unix sockets
-
-
-def _config(mode: str, workdir: str, limits: SandboxLimits, uid: int | None, fds: list[int]) -> dict:
-    expose = _exposed_dirs()
-    scratch = [d for d in SCRATCH_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-    hide = _untraversable_ancestors(expose) if uid is not None else []
-    # exposed dirs that live under a scratch dir must be re-bound after it is covered
-    expose = [p for p in expose if any(p.startswith(d + os.sep) for d in scratch + hide)]
+def _config(mode: str, host_dir: Path, limits: SandboxLimits, uid: int | None, fds: list[int]) -> dict:
+    workdir = str(host_dir / "work")
     rlimits = {
         "RLIMIT_AS": limits.memory_bytes,
         "RLIMIT_CPU": math.ceil(limits.timeout_s) + 1,
@@ -468,7 +477,7 @@ def _config(mode: str, workdir: str, limits: SandboxLimits, uid: int | None, fds
         rlimits["RLIMIT_NPROC"] = limits.max_processes
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
            "PYTHONDONTWRITEBYTECODE": "1"}
-    return {"mode": mode, "workdir": workdir, "expose": expose, "scratch": scratch, "hide": hide,
+    return {"mode": mode, "workdir": workdir, "root": str(host_dir / "root"), "binds": _root_binds(),
             "tmpfs_bytes": limits.tmpfs_bytes, "rlimits": rlimits, "uid": uid, "fds": fds,
             "python": sys.executable, "program": os.path.join(workdir, PROGRAM_NAME), "env": env}
 
@@ -526,12 +535,13 @@ def _start(code: str, limits: SandboxLimits, mode: str, guard: bool, fds: tuple[
     try:
         workdir = host_dir / "work"
         workdir.mkdir()
+        (host_dir / "root").mkdir()  # where namespace modes build the program's minimal root
         (workdir / PROGRAM_NAME).write_text((PRELUDE if guard else "") + "\n" + code)
         if uid is not None:
             os.chown(workdir, uid, uid)
             os.chown(workdir / PROGRAM_NAME, uid, uid)
         os.chmod(workdir, 0o700)
-        cfg = _config(mode, str(workdir), limits, uid, list(fds))
+        cfg = _config(mode, host_dir, limits, uid, list(fds))
         with (host_dir / "stdout").open("wb") as out, (host_dir / "stderr").open("wb") as err:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)],
