@@ -24,10 +24,10 @@ from lemon_core.benchmarks.sandbox import (
 )
 
 try:
-    find_data_root()
+    ANSWER_KEY = str(find_data_root() / "humaneval" / "HumanEval.jsonl.gz")  # canonical solutions inside
     HAVE_DATA = True
 except DataNotFoundError:  # pragma: no cover - the repo is checked out next to shared/datasets
-    HAVE_DATA = False
+    ANSWER_KEY, HAVE_DATA = "", False
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason="shared/datasets not found")
 try:
     MODE, REFUSAL = sandbox_mode(), ""
@@ -78,6 +78,13 @@ HOSTILE: dict[str, tuple[int, str, bool]] = {
                                    "    libc.kill(os.getppid(), signal.SIGKILL)\n"
                                    "    libc.kill(-1, signal.SIGKILL)\n    return 0.25\n", False),
     "BaseException escapes": (2, "    raise KeyboardInterrupt\n", False),
+    # passes any verdict where the host's copy of the data is readable; the sandbox's root does not hold it
+    "reads the answer key": (2, (
+        "    import gzip, json\n"
+        f"    rows = [json.loads(line) for line in gzip.open({ANSWER_KEY!r}, 'rt')]\n"
+        "    row = next(r for r in rows if r['task_id'] == 'HumanEval/2')\n"
+        "    scope = {}\n    exec(row['prompt'] + row['canonical_solution'], scope)\n"
+        "    return scope['truncate_number'](number)\n"), False),
 }
 
 

@@ -17,13 +17,13 @@ is only what the kernel enforces from outside the program, and a verdict the pro
 3. Namespaces: a small launcher unshares a network namespace (only a down loopback: no network at all,
    abstract unix sockets included), a PID namespace (the parent and every host process are invisible,
    so they cannot be signalled or read through /proc; when its first process dies the kernel kills every
-   process in it, even ones that called ``setsid``) and a mount namespace in which every inherited mount
-   is read-only, /proc is the new namespace's own, and /tmp, /var/tmp, /dev/shm and /run are fresh,
-   size-capped tmpfs: the only writable places are those and the work dir, all thrown away after the
-   run. As root it then drops to a fresh, unused uid (RLIMIT_NPROC is then really enforced - Linux
-   exempts root - and host files keep their permissions); directories on the interpreter's path that the
-   new uid could not traverse (e.g. a 0700 /root holding pyenv) are replaced by a tmpfs holding read-only
-   bind mounts of exactly the interpreter's folders. As non-root the launcher uses a user namespace.
+   process in it, even ones that called ``setsid``) and a mount namespace. There it makes every inherited
+   mount read-only and pivots into a minimal root on a tmpfs: read-only binds of the system libraries
+   (/usr, /lib*, /bin, /sbin, /etc/ld.so.cache), the interpreter's folders and /dev/null-like devices,
+   the namespace's own /proc (an empty one where a container's masked /proc forbids that), fresh
+   size-capped /tmp, /var/tmp and /dev/shm, and the work dir, the one writable host path. Datasets, home
+   dirs and mounted secrets are simply not there. As root it then drops to a fresh, unused uid
+   (RLIMIT_NPROC is then really enforced - Linux exempts root). As non-root it uses a user namespace.
 4. A Python prelude run before the program: sockets, fork/exec/kill and writes outside the work dir
    raise. It only turns careless code into clear errors; it is no security boundary (ctypes undoes it).
 
@@ -447,8 +447,8 @@ _lemon_check({entry_point!r}, {request_fd}, {reply_fd}, {verdict_fd}, _lemon_cod
 '''
 
 
-def _codec_source() -> str:
-    return "from typing import Any\n\n" + inspect.getsource(encode_value) + "\n" + inspect.getsource(decode_value)
+# read once, at import: a file edited (or replaced by an upgrade) while scoring runs cannot skew it
+CODEC_SOURCE = "from typing import Any\n\n" + inspect.getsource(encode_value) + "\n" + inspect.getsource(decode_value)
 
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/localtime",
@@ -617,7 +617,7 @@ def run_tests(solution: str, tests: str, entry_point: str, limits: SandboxLimits
     to_solution, to_checker, verdict, secret_in = os.pipe(), os.pipe(), os.pipe(), os.pipe()
     os.write(secret_in[1], secret)
     os.close(secret_in[1])
-    codec, boxes = _codec_source(), []
+    codec, boxes = CODEC_SOURCE, []
     start = time.monotonic()
     try:
         served = SERVE.format(entry_point=entry_point, request_fd=to_solution[0], reply_fd=to_checker[1],
