@@ -690,8 +690,8 @@ def _refusal(errors: dict[str, str]) -> SandboxUnavailableError:
         "Enable one: run the scorer as root with CAP_SYS_ADMIN (mode 'namespaces'), or allow "
         "unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
         "kernel.unprivileged_userns_clone=1 where it exists, kernel.apparmor_restrict_unprivileged_userns=0 "
-        "on Ubuntu >= 23.10, and a seccomp profile that permits unshare(CLONE_NEWUSER) and mount, e.g. "
-        "Kubernetes securityContext.seccompProfile.type: Unconfined) "
+        "on Ubuntu >= 23.10, and seccomp/AppArmor profiles that permit unshare(CLONE_NEWUSER) and mount, e.g. "
+        "Kubernetes securityContext seccompProfile.type and appArmorProfile.type: Unconfined) "
         f"(mode 'userns'). To accept the risk anyway set {POLICY_ENV}=unsafe-allow (see docs/sandbox.md).")
 
 
