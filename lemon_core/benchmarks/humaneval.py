@@ -5,9 +5,15 @@ is fixed and seeded: take the task numbers 0..163 in order, ``random.Random(2605
 first 40 are "train", the remaining 124 are "test" ("all" = every problem). Within a split problems
 keep file (task number) order. File: ``humaneval/HumanEval.jsonl.gz``; hub: ``openai/openai_humaneval``.
 
-Scoring runs ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"`` in the sandbox
-(see sandbox.py). A completion may be just the body, or the whole function (it then redefines the
-prompt's stub, so the prompt's imports and helper functions stay available).
+The official harness runs ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"`` as one
+program and calls exit status 0 a pass, which a completion can fake (``sys.exit(0)``, exit hooks, trace
+hooks, ...). Here the completion's program (``prompt + completion``) and the tests (``prompt + test``)
+run in two sandboxes and a pass needs the checker's proof that ``check`` returned (``run_tests`` in
+sandbox.py, docs/sandbox.md). Calls and results cross as plain data. Two deliberate differences from
+the official harness follow: a result object's own ``__eq__`` never runs in the checker (the always-equal
+trick fails here), and helpers the tests use (``poly``, ``encode_cyclic``, ...) are the prompt's, not a
+completion's redefinition. A completion may be just the body, or the whole function (it then
+redefines the prompt's stub, so the prompt's imports and helper functions stay available).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_core.benchmarks.base import Benchmark, Example
-from lemon_core.benchmarks.sandbox import SandboxLimits, SandboxResult, run_python
+from lemon_core.benchmarks.sandbox import SandboxLimits, SandboxResult, run_tests
 
 SPLIT_SEED = 2605
 N_TRAIN = 40
@@ -55,9 +61,9 @@ def extract_code(text: str | None, entry_point: str | None = None) -> str | None
     return blocks[-1]
 
 
-def build_program(completion: str, example: Example) -> str:
-    """The program the official harness runs: prompt, completion, the tests, then check(entry_point)."""
-    prompt, test, entry_point = example.meta["prompt"], example.meta["test"], example.meta["entry_point"]
+def build_solution(completion: str, example: Example) -> str:
+    """The untrusted half: the prompt with the completion filled in (a body, or a whole function)."""
+    prompt, entry_point = example.meta["prompt"], example.meta["entry_point"]
     if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", completion, re.M):
         body = "\n" + completion  # a whole function: it replaces the docstring-only stub of the prompt
     else:
@@ -66,7 +72,18 @@ def build_program(completion: str, example: Example) -> str:
         if first and not first[0].isspace():  # a body written flush left: indent it into the function
             lines = ["    " + line if line.strip() else line for line in lines]
         body = "\n".join(lines)
-    return f"{prompt}{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return f"{prompt}{body}\n"
+
+
+def build_tests(example: Example) -> str:
+    """The trusted half: the prompt (for the helpers the tests call) and the tests defining check()."""
+    return f"{example.meta['prompt']}\n\n{example.meta['test']}\n"
+
+
+def build_program(completion: str, example: Example) -> str:
+    """The one program the official harness runs: prompt, completion, tests, then check(entry_point).
+    Kept for reference and comparison; scoring uses ``build_solution`` and ``build_tests`` instead."""
+    return f"{build_solution(completion, example)}\n{example.meta['test']}\n\ncheck({example.meta['entry_point']})\n"
 
 
 class HumanEval(Benchmark):
@@ -111,7 +128,8 @@ class HumanEval(Benchmark):
         """Run the completion against the problem's tests; None when there is no code at all."""
         if not prediction or not prediction.strip():
             return None
-        return run_python(build_program(prediction, example), self.limits)
+        return run_tests(build_solution(prediction, example), build_tests(example), example.meta["entry_point"],
+                         self.limits)
 
     def score(self, prediction: str | None, example: Example) -> float:
         result = self.run(prediction, example)
