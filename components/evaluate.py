@@ -12,11 +12,14 @@ from kfp.dsl import HTML, Markdown, Metrics, Output
 from components.common import lightweight
 
 
-def evaluate(config_json: str, manifest_uri: str, method: str, benchmark: str, checkpoint_uri: str) -> str:
-    """Returns the summary.json URI of this cell."""
-    from lemon_core.stages import load_config, stage_evaluate
+def evaluate(
+    config_json: str, manifest_uri: str, method: str, benchmark: str, checkpoint_uri: str, sft_uri: str
+) -> str:
+    """Returns the summary.json URI of this cell (``lemon`` evaluates checkpoint_uri, ``lemon-sft`` sft_uri)."""
+    from lemon_core.stages import SFT_ORCHESTRATOR, load_config, stage_evaluate
 
-    return stage_evaluate(load_config(config_json), manifest_uri, method, benchmark, checkpoint_uri)
+    orchestrator = sft_uri if method == SFT_ORCHESTRATOR else checkpoint_uri
+    return stage_evaluate(load_config(config_json), manifest_uri, method, benchmark, orchestrator)
 
 
 def evaluation_report(

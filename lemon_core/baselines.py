@@ -24,6 +24,9 @@ DEBATE_REPLY = ("Read the other debaters' answers, point out any mistake, recons
 JUDGE = "Read the debate and give the final answer the debaters' best arguments support."
 
 
+ORCHESTRATOR = "lemon"  # method name of the trained orchestrator in evaluation rows (it writes its own specs)
+SFT_ORCHESTRATOR = "lemon-sft"  # method name of the SFT-only orchestrator, evaluated beside it
+
 def _agent(id_: str, role: str, base_role: str, duty: str, capacity: str, deps: list[str]) -> AgentSpec:
     return AgentSpec(id=id_, role=role, base_role=base_role, duty=duty, capacity=capacity, depends_on=deps)
 

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from lemon_core.baselines import ORCHESTRATOR, SFT_ORCHESTRATOR
 from lemon_core.errors import ConfigError, ConfigNotFoundError, format_validation_error
 from lemon_core.grpo import GRPOConfig
 from lemon_core.prepare import PrepareConfig
@@ -31,8 +32,6 @@ from lemon_core.sft import SFTConfig
 
 SpecFormat = Literal["yaml", "json"]
 BUNDLED = Path(__file__).parent / "configs"
-ORCHESTRATOR = "lemon"  # method name of the trained orchestrator in evaluation rows
-SFT_ORCHESTRATOR = "lemon-sft"  # method name of the SFT-only orchestrator
 
 M = TypeVar("M", bound=BaseModel)
 

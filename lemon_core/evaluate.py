@@ -110,19 +110,25 @@ def evaluate(
     scorer: Scorer | None = None,
     reward_cfg: RewardConfig | None = None,
     sandbox_mode: str | None = None,
+    cache: ExecutionCache | None = None,
 ) -> tuple[EvalSummary, list[dict[str, Any]]]:
     """Run ``specs`` on ``examples`` and score them.
 
     ``specs`` is one spec for all examples, a list of one spec (or ``InvalidSpec``) per example, or a
     function mapping a batch of examples to those (the orchestrator). ``benchmark`` None scores each
     example with its own benchmark; ``scorer`` replaces benchmark scoring (tests, custom tasks);
-    ``reward_cfg`` adds each example's training reward to its record.
+    ``reward_cfg`` adds each example's training reward to its record. ``cache`` shares the node cache
+    between evaluations (same requests, same greedy answers; a cached call is still charged its price).
     """
     if isinstance(specs, OrchestrationSpec):
         validate_spec(specs, pool.level_names)
+    if sandbox_mode is None and any(getattr(e, "benchmark", None) == "humaneval" for e in examples):
+        from lemon_core.benchmarks.sandbox import sandbox_mode as current_mode
+
+        sandbox_mode = current_mode()  # refuses (SandboxUnavailableError) before any agent call is spent
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
-    cache = ExecutionCache()
+    cache = cache if cache is not None else ExecutionCache()
     bar = progress_of(len(examples), f"evaluate {benchmark.name if benchmark else 'tasks'}/{method}",
                       unit="example", mode=None if progress else "off")
     for lo in range(0, len(examples), batch_size):

@@ -29,7 +29,6 @@ import base64
 import html
 import io
 import json
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,8 +36,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-ORCHESTRATOR = "lemon"  # the trained orchestrator's method name (lemon_core.stages.ORCHESTRATOR)
-SFT_ONLY = f"{ORCHESTRATOR}-sft"  # the SFT-only orchestrator, evaluated for comparison
+from lemon_core.baselines import ORCHESTRATOR
+from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
+from lemon_core.stats import wilson_interval
+
 COLUMNS = (
     "benchmark",
     "method",
@@ -67,17 +68,6 @@ Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
 def is_orchestrator(method: str) -> bool:
     """The trained orchestrator ('lemon') and its variants ('lemon-sft', ...) write their own specs."""
     return method == ORCHESTRATOR or method.startswith(ORCHESTRATOR + "-")
-
-
-def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a rate (Wilson 1927): unlike the normal approximation it stays
-    inside [0, 1] and is sensible at n=10 and at rates of 0 or 1, which small eval slices produce."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def as_rows(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> list[dict[str, Any]]:

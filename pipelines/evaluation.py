@@ -29,7 +29,7 @@ def eval_cells(cfg: PipelineConfig, local: bool, methods: list[str] | None = Non
     matrix = eval_matrix(cfg, methods) if methods is not None else eval_matrix(cfg)
 
     @dsl.pipeline(name="eval-matrix", description="Every (method, benchmark) cell, in parallel.")
-    def eval_matrix_pipeline(config_json: str, manifest_uri: str, checkpoint_uri: str) -> List[str]:  # noqa: UP006
+    def eval_matrix_pipeline(config_json: str, manifest_uri: str, checkpoint_uri: str, sft_uri: str) -> List[str]:  # noqa: UP006
         with dsl.ParallelFor(matrix, parallelism=cfg.rollout_parallelism, name="cells") as cell:
             ev = on_gpu(
                 eval_op(
@@ -38,6 +38,7 @@ def eval_cells(cfg: PipelineConfig, local: bool, methods: list[str] | None = Non
                     method=cell.method,
                     benchmark=cell.benchmark,
                     checkpoint_uri=checkpoint_uri,
+                    sft_uri=sft_uri,
                 ).set_display_name("evaluate"),
                 k8s,
                 local,
@@ -64,7 +65,8 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
             local,
         )
         cells = cells_pipeline(
-            config_json=config_json, manifest_uri=prep.outputs["manifest_uri"], checkpoint_uri=checkpoint_uri
+            config_json=config_json, manifest_uri=prep.outputs["manifest_uri"], checkpoint_uri=checkpoint_uri,
+            sft_uri="",
         ).set_display_name("eval-matrix")
         with_storage(
             report_op(config_json=config_json, summary_uris=cells.output).set_display_name(

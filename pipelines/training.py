@@ -102,7 +102,7 @@ def build(cfg: PipelineConfig, local: bool = False) -> Any:
             )
             checkpoint = step.output
         cells = cells_pipeline(
-            config_json=config_json, manifest_uri=manifest, checkpoint_uri=checkpoint
+            config_json=config_json, manifest_uri=manifest, checkpoint_uri=checkpoint, sft_uri=sft.output
         ).set_display_name("eval-matrix")
         rep = with_storage(
             report_op(config_json=config_json, summary_uris=cells.output).set_display_name(

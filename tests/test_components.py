@@ -43,7 +43,9 @@ def test_component_interfaces() -> None:
             },
             {"Output"},
         ),
-        evaluate.make: ({"config_json", "manifest_uri", "method", "benchmark", "checkpoint_uri"}, {"Output"}),
+        evaluate.make: (
+            {"config_json", "manifest_uri", "method", "benchmark", "checkpoint_uri", "sft_uri"}, {"Output"}
+        ),
         evaluate.make_report: (
             {"config_json", "summary_uris"},
             {"html", "markdown", "metrics", "publish", "candidate", "served", "report_uri"},

@@ -9,6 +9,7 @@ import pytest
 
 from lemon_core.config import PipelineConfig, TrainConfig, load_settings
 from lemon_core.errors import ConfigError, LemonError
+from lemon_core.serve.settings import ServeSettings
 from lemon_core.stages import load_config
 
 
@@ -76,4 +77,5 @@ def test_every_config_field_has_a_description() -> None:
                 walk(ann, f"{prefix}{name}.")
 
     walk(PipelineConfig, "")
+    walk(ServeSettings, "serve.")
     assert not missing, f"config fields without a description: {missing}"

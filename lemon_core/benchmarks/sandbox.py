@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lemon_core.errors import LemonError
+
 log = logging.getLogger(__name__)
 Mode = Literal["auto", "namespaces", "userns", "basic"]
 Reason = Literal["passed", "failed", "timeout", "error"]
@@ -67,7 +69,7 @@ SAFE_MODES = ("namespaces", "userns")
 MAX_MESSAGE_BYTES = 16 << 20  # one call's arguments or result, JSON-encoded
 
 
-class SandboxUnavailableError(RuntimeError):
+class SandboxUnavailableError(LemonError):
     """No mode that is safe for untrusted code works here (or the policy setting is invalid)."""
 
 

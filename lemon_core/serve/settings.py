@@ -30,9 +30,9 @@ class ServeSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return env_settings, init_settings  # the environment overrides the YAML file; CLI flags override both
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
-    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a pod)")
+    port: int = Field(8080, ge=1, le=65535, description="TCP port")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field("info", description="log level")
     pool: str = Field("cpu", description="pool YAML path or built-in name (cpu, gpu, simulated)")
     # orchestrator
     orchestrator: str = Field(
@@ -42,9 +42,10 @@ class ServeSettings(BaseSettings):
     orchestrator_base_url: str | None = Field(
         None, description="OpenAI-compatible endpoint of the orchestrator (e.g. http://vllm:8000/v1)")
     orchestrator_api_key_env: str | None = Field(None, description="env var holding its API key, if any")
-    orchestrator_timeout_s: float = Field(120.0, gt=0)
-    orchestrator_device: str = "cpu"
-    orchestrator_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    orchestrator_timeout_s: float = Field(120.0, gt=0, description="longest wait for the orchestrator's spec")
+    orchestrator_device: str = Field("cpu", description="torch device of an in-process orchestrator")
+    orchestrator_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="weights dtype of an in-process orchestrator")
     orchestrator_max_tokens: int = Field(512, ge=1, le=32768, description="length cap of a written spec")
     orchestrator_temperature: float = Field(0.0, ge=0, le=2, description="first sample (0 = greedy)")
     resample_temperature: float = Field(0.7, ge=0, le=2, description="the re-sample after an invalid spec")
@@ -52,7 +53,7 @@ class ServeSettings(BaseSettings):
     include_format: bool = Field(True, description="show the YAML format + example in the prompt")
     spec_format: Literal["yaml", "json"] = Field(
         "yaml", description="the spec form the orchestrator was trained to write (train config spec_format)")
-    seed: int = 0
+    seed: int = Field(0, description="sampling seed of the orchestrator and agents")
     # security and limits
     auth_token_file: str | None = Field(None, description="file with one bearer token per line")
     allow_unauthenticated: bool = Field(False, description="serve without auth (local development only)")

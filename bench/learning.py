@@ -1,0 +1,164 @@
+"""The learning benchmark: does LEMON training make a better orchestrator, on the real CPU pool?
+
+Same MultiArith split for every method: the 600 MultiArith problems are shuffled once (seed 0); the first
+``--test`` are the held-out test set, the next ``--train`` the training tasks. Methods, each scored by
+``lemon_core.evaluate`` on the same test examples (invalid orchestrator output scores 0 and is counted):
+
+    cot@small, cot@large, sc3@large   baselines (fixed specs)
+    lemon-sft                         the SFT warm-up alone (``sft.teacher`` from the config, default: sweep)
+    lemon                             SFT, then GRPO + localized counterfactual credit (``--iterations``)
+    grpo-only                         SFT, then GRPO without counterfactual edits (same budget)
+
+Every method goes through the same flow as ``lemon train`` and the pipeline (``train.sft_warmup``,
+``train.build_state``, ``train.run_iteration``, ``evaluate.evaluate_orchestrator``). The evaluations share
+one node cache: the same agent request gets the same greedy answer, so a spec an orchestrator writes that
+a baseline already ran costs no second generation (its calls are still charged their price).
+
+Prints per method: accuracy with its 95% Wilson interval and n, valid rate, $/example, tokens/example,
+the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/learning.md`` and
+``OUT/pareto.png``; the last line is
+``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>``.
+Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
+
+    OMP_NUM_THREADS=1 python bench/learning.py            # ~60 min on 2 cores (train 32, test 60, 4 steps)
+    OMP_NUM_THREADS=1 python bench/learning.py --quick    # ~10 min (train 8, test 16, 1 step)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lemon_core.baselines import cot, self_consistency  # noqa: E402
+from lemon_core.benchmarks import get  # noqa: E402
+from lemon_core.checkpoint import save_model_dir  # noqa: E402
+from lemon_core.config import TrainConfig  # noqa: E402
+from lemon_core.evaluate import evaluate, evaluate_orchestrator  # noqa: E402
+from lemon_core.executor import ExecutionCache  # noqa: E402
+from lemon_core.report import choice_stats, plot_pareto  # noqa: E402
+from lemon_core.train import (  # noqa: E402
+    build_state,
+    close_state,
+    load_policy,
+    load_train_pool,
+    run_iteration,
+    sft_warmup,
+    tasks_for_step,
+)
+
+
+def split_tasks(n_train: int, n_test: int, seed: int = 0) -> tuple[list[Any], list[Any]]:
+    tasks = get("multiarith").load("test")
+    random.Random(seed).shuffle(tasks)
+    if n_train + n_test > len(tasks):
+        raise SystemExit(f"--train {n_train} + --test {n_test} exceeds the {len(tasks)} MultiArith problems")
+    return tasks[n_test : n_test + n_train], tasks[:n_test]
+
+
+def row(summary: Any, records: list[dict[str, Any]], levels: list[str], seconds: float) -> dict[str, Any]:
+    mix = choice_stats(records, levels)["capacity_share"]
+    return {**summary.model_dump(), "capacity_mix": mix, "method_wall_s": round(seconds, 1)}
+
+
+def train_arm(cfg: TrainConfig, sft_dir: Path, train: list[Any], iterations: int) -> Any:
+    """GRPO from the SFT model for ``iterations`` steps; returns the state (its policy is evaluated)."""
+    state = build_state(cfg, None, base_model=str(sft_dir))
+    for _ in range(iterations):
+        tasks = tasks_for_step(train, state.step + 1, cfg.tasks_per_iteration, cfg.seed)
+        it = run_iteration(state, tasks)
+        print(f"  step {state.step}: reward/mean={it.row['reward/mean']:.3f} valid_rate={it.row['valid_rate']:.2f} "
+              f"loss={it.row.get('loss', 0.0):.4f} kl={it.row.get('kl', 0.0):.4f} ({it.row['time/step_s']:.0f} s)",
+              flush=True)
+    return state
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", default="train-cpu", help="train config (pool, model, SFT, GRPO settings)")
+    ap.add_argument("--quick", action="store_true", help="train 8, test 16, 1 step: a ~10 min smoke run")
+    ap.add_argument("--train", type=int, default=32, help="training tasks")
+    ap.add_argument("--test", type=int, default=60, help="held-out test examples (the same for every method)")
+    ap.add_argument("--iterations", type=int, default=4, help="GRPO steps of lemon and grpo-only")
+    ap.add_argument("--teacher", default="sweep", choices=["sweep", "templated"], help="SFT teacher")
+    ap.add_argument("--out", default="runs/bench-learning", help="output folder")
+    args = ap.parse_args()
+    if args.quick:
+        args.train, args.test, args.iterations = 8, 16, 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False, sft={"teacher": args.teacher})
+    train, test = split_tasks(args.train, args.test)
+    pool = load_train_pool(cfg)
+    levels = pool.level_names
+    bench = get("multiarith")
+    cache = ExecutionCache()
+    rows: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+
+    def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float) -> None:
+        r = row(summary, records, levels, time.perf_counter() - t0)
+        rows.append(r)
+        print(f"{method:>10}  accuracy={r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] "
+              f"n={r['n']}  valid={r['valid_rate']:.2f}  $/ex={r['mean_cost_usd']:.2e}  "
+              f"tokens/ex={r['mean_tokens']:.0f}  mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
+              f"({r['method_wall_s']:.0f} s)", flush=True)
+
+    baselines = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
+                 "sc3@large": self_consistency(levels[-1], 3)}
+    for name, spec in baselines.items():
+        t0 = time.perf_counter()
+        summary, records = evaluate(bench, test, spec, pool, method=name, progress=False, cache=cache)
+        record(name, summary, records, t0)
+
+    t0 = time.perf_counter()
+    policy = load_policy(cfg, cfg.model)
+    sft = sft_warmup(policy, cfg, pool, train, [t.question for t in train], progress=False)
+    print(f"SFT: {sft.model_dump_json()}", flush=True)
+    sft_dir = out / "sft-model"
+    save_model_dir(policy, sft_dir)
+    summary, records = evaluate_orchestrator(policy, pool, test, benchmark=bench, method="lemon-sft",
+                                             max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
+                                             progress=False, cache=cache)
+    record("lemon-sft", summary, records, t0)
+    del policy
+
+    arms = {"lemon": cfg, "grpo-only": cfg.with_overrides(rollout={"edits_per_spec": 0})}
+    for name, arm_cfg in arms.items():
+        t0 = time.perf_counter()
+        print(f"{name}: {args.iterations} GRPO steps from the SFT model", flush=True)
+        state = train_arm(arm_cfg, sft_dir, train, args.iterations)
+        summary, records = evaluate_orchestrator(state.policy, state.pool, test, benchmark=bench, method=name,
+                                                 max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
+                                                 progress=False, cache=cache)
+        record(name, summary, records, t0)
+        close_state(state)
+
+    by = {r["method"]: r for r in rows}
+    (out / "learning.json").write_text(json.dumps({"args": vars(args), "sft": sft.model_dump(), "rows": rows},
+                                                  indent=2, default=str))
+    (out / "pareto.png").write_bytes(plot_pareto(rows))
+    lines = ["| method | accuracy [95% CI] | n | valid | $/ex | tokens/ex | capacity mix |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['method']} | {r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] | "
+              f"{r['n']} | {r['valid_rate']:.2f} | {r['mean_cost_usd']:.2e} | {r['mean_tokens']:.0f} | "
+              f"{', '.join(f'{k} {v:.2f}' for k, v in r['capacity_mix'].items())} |" for r in rows]
+    (out / "learning.md").write_text("\n".join(lines) + "\n")
+    lemon, ref, sft_row = by["lemon"], by["cot@large"], by["lemon-sft"]
+    ratio = lemon["accuracy"] / ref["accuracy"] if ref["accuracy"] else float("nan")
+    cost_ratio = lemon["mean_cost_usd"] / ref["mean_cost_usd"] if ref["mean_cost_usd"] else float("nan")
+    print(f"targets: valid_rate {lemon['valid_rate']:.2f} (>= 0.95: {lemon['valid_rate'] >= 0.95}); "
+          f"ratio >= 1.0 at cost_ratio <= 1.2: {ratio >= 1.0 and cost_ratio <= 1.2}; "
+          f"lemon above lemon-sft: {lemon['accuracy'] > sft_row['accuracy']} "
+          f"({lemon['accuracy']:.3f} vs {sft_row['accuracy']:.3f}); wall {time.perf_counter() - t_all:.0f} s")
+    print(f"ratio={ratio:.3f} cost_ratio={cost_ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
