@@ -21,6 +21,14 @@ that is the exact text; for a quoted scalar the quote characters are excluded (e
 stay as written); for a block scalar (`duty: |`) the header line is skipped and surrounding
 whitespace trimmed, so the span runs from the first to the last content character. For a list
 (`depends_on`) the span covers the whole list node, `[a1, a2]` or the block `- a1 ... - a2` lines.
+A tag or anchor in front of a value (`!!str "Planner"`, `&x Planner`) is not part of its span. A byte
+order mark before the spec is skipped.
+
+Validation of a written spec (`validate_spec`, `parse_spec`) adds one rule to the graph checks that
+every `OrchestrationSpec` passes: every agent's work must reach the answer, so the output agent is read
+by no other agent and every other agent is read by at least one. Role, duty and capacity must be
+visible text: no control characters (a duty may hold line breaks and tabs), no zero-width or other
+invisible format characters.
 
 Every spec field is text. YAML's typing of unquoted scalars is ignored (`id: 1` is the id "1",
 `duty: yes` is the duty "yes"), because the orchestrator writes words, not typed data; only an empty
