@@ -200,11 +200,7 @@ def cached_download(uri: str, cache_root: str | os.PathLike[str], *, s3: S3Optio
     their copy and use the winner's. A finished entry is trusted as is (it was verified before it was
     published).
     """
-    manifest_uri = join(uri, MANIFEST_NAME)
-    if not exists(manifest_uri, s3=s3):
-        _read_manifest(uri, s3)  # raises the "upload did not finish" error
-    raw = get_bytes(manifest_uri, s3=s3)
-    manifest = parse_manifest(raw, manifest_uri)
+    manifest, raw = _read_manifest(uri, s3)
     entry = Path(cache_root) / sha256_bytes(raw)
     if (entry / MANIFEST_NAME).is_file():
         return entry

@@ -56,7 +56,7 @@ class LocalStore:
     def exists(self, loc: Location) -> bool:
         return loc.path.exists()
 
-    def list(self, prefix: str, include_tmp: bool) -> list[str]:
+    def list_prefix(self, prefix: str, include_tmp: bool) -> list[str]:
         """Walk the folder the prefix lives in, spelling each file as <that folder's spelling>/<rel>."""
         path = Path(prefix[len("file://"):] if prefix.startswith("file://") else prefix)
         is_dir = path.is_dir()

@@ -107,7 +107,7 @@ def list_uris(prefix: str, *, s3: S3Options | None = None, include_tmp: bool = F
     Results keep the prefix's spelling (s3://, file:// or plain path). Temporary names of unfinished
     writes are left out unless ``include_tmp``. Also available as ``storage.list``.
     """
-    return store_for(parse_uri(prefix), s3).list(prefix, include_tmp)
+    return store_for(parse_uri(prefix), s3).list_prefix(prefix, include_tmp)
 
 
 def delete(uri: str, *, recursive: bool = False, s3: S3Options | None = None) -> int:

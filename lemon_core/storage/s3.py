@@ -242,7 +242,7 @@ class S3Store:
                 raise
         return True
 
-    def list(self, prefix: str, include_tmp: bool) -> list[str]:
+    def list_prefix(self, prefix: str, include_tmp: bool) -> list[str]:
         """Temporary keys can only come from older lemon versions or other tools; still never listed."""
         loc = parse_uri(prefix)
         keys: list[str] = []
@@ -257,7 +257,7 @@ class S3Store:
             with _s3_errors(loc, self.client):
                 self.client.delete_object(Bucket=loc.bucket, Key=loc.key)
             return int(existed)
-        keys = [parse_uri(u).key for u in self.list(loc.uri, include_tmp=True)]
+        keys = [parse_uri(u).key for u in self.list_prefix(loc.uri, include_tmp=True)]
         with _s3_errors(loc, self.client):
             for start in range(0, len(keys), 1000):  # S3's per-request limit
                 batch = [{"Key": k} for k in keys[start : start + 1000]]
