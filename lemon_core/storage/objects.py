@@ -96,8 +96,7 @@ def fetch_verified(
 def exists(uri: str, *, s3: S3Options | None = None) -> bool:
     """True when the object (or local file/folder) is there."""
     loc = parse_uri(uri)
-    if loc.scheme == "s3":
-        require_key(loc)
+    require_key(loc)
     return store_for(loc, s3).exists(loc)
 
 
@@ -116,7 +115,7 @@ def delete(uri: str, *, recursive: bool = False, s3: S3Options | None = None) ->
     Deleting something that is not there is not an error: retries of a cleanup must succeed.
     """
     loc = parse_uri(uri)
-    if loc.scheme == "s3" and not recursive:
+    if not recursive:
         require_key(loc)
     return store_for(loc, s3).delete(loc, recursive)
 
