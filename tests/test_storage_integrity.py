@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,15 @@ def test_files_inside_an_unfinished_folder_write_are_not_listed(tmp_path: Path) 
     assert storage.is_temporary(debris.name)
     assert storage.list(str(tmp_path / "out")) == [str(tmp_path / "out" / "done.json")]
     assert len(storage.list(str(tmp_path / "out"), include_tmp=True)) == 2
+
+
+def test_cache_sweeps_dead_downloads_but_not_live_ones(tmp_path: Path) -> None:
+    uri, cache = str(tmp_path / "remote"), tmp_path / "cache"
+    storage.upload_dir(make_folder(tmp_path / "src", {"a.bin": b"a"}), uri)
+    dead = make_folder(storage.temporary_sibling(cache / ("0" * 64)), {"model.bin": b"half"})
+    live = make_folder(storage.temporary_sibling(cache / ("1" * 64)), {"model.bin": b"growing"})
+    day_ago = time.time() - 86400
+    for path in (dead, dead / "model.bin"):
+        os.utime(path, (day_ago, day_ago))
+    entry = storage.cached_download(uri, cache)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, live.name])

@@ -45,7 +45,14 @@ from lemon_core.storage.base import (
     sha256_file,
 )
 from lemon_core.storage.cli import main
-from lemon_core.storage.dirs import DirManifest, cached_download, download_dir, parse_manifest, upload_dir
+from lemon_core.storage.dirs import (
+    DirManifest,
+    cached_download,
+    download_dir,
+    parse_manifest,
+    sweep_stale_downloads,
+    upload_dir,
+)
 from lemon_core.storage.local import LocalStore
 from lemon_core.storage.objects import (
     delete,
@@ -70,5 +77,5 @@ __all__ = [
     "Store", "atomic_path", "cached_download", "delete", "download_dir", "exists", "get_bytes", "get_file",
     "is_s3", "is_temporary", "join", "list", "list_uris", "main", "parse_manifest", "parse_uri", "put_bytes",
     "put_file", "read_jsonl", "read_text", "s3_client", "sha256_bytes", "sha256_file", "store_for",
-    "temporary_sibling", "upload_dir", "write_atomic", "write_jsonl", "write_text",
+    "sweep_stale_downloads", "temporary_sibling", "upload_dir", "write_atomic", "write_jsonl", "write_text",
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -190,7 +192,38 @@ def download_dir(
     return [dest / rel for rel in files]
 
 
-def cached_download(uri: str, cache_root: str | os.PathLike[str], *, s3: S3Options | None = None) -> Path:
+def _newest_mtime(root: Path) -> float:
+    newest = root.lstat().st_mtime
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                newest = max(newest, Path(folder, name).lstat().st_mtime)
+            except FileNotFoundError:  # its writer is still at work and just renamed it
+                continue
+    return newest
+
+
+def sweep_stale_downloads(cache_root: str | os.PathLike[str], stale_after_s: float) -> list[Path]:
+    """Delete staging folders of downloads that died (kill -9, evicted pod): temporary names under
+    ``cache_root`` in which nothing has been written for ``stale_after_s``. A live download writes
+    continuously, so it is never that quiet; without this a shared PVC fills with half checkpoints."""
+    root, now, removed = Path(cache_root), time.time(), []
+    if not root.is_dir():
+        return removed
+    for path in root.iterdir():
+        try:
+            stale = is_temporary(path.name) and now - _newest_mtime(path) > stale_after_s
+        except FileNotFoundError:  # published or discarded meanwhile
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def cached_download(
+    uri: str, cache_root: str | os.PathLike[str], *, s3: S3Options | None = None, stale_after_s: float = 6 * 3600
+) -> Path:
     """A local copy of the folder at ``uri`` under ``cache_root``, keyed by the sha256 of its manifest.
 
     The manifest lists every file's sha256, so its own hash names the folder's content: an object
@@ -198,12 +231,13 @@ def cached_download(uri: str, cache_root: str | os.PathLike[str], *, s3: S3Optio
     and is downloaded afresh, never served stale. Concurrent processes on one cache (pods sharing a
     PVC) each download into their own temporary folder; the first rename wins and the others discard
     their copy and use the winner's. A finished entry is trusted as is (it was verified before it was
-    published).
+    published). Staging folders of dead downloads older than ``stale_after_s`` are swept first.
     """
     manifest, raw = _read_manifest(uri, s3)
     entry = Path(cache_root) / sha256_bytes(raw)
     if (entry / MANIFEST_NAME).is_file():
         return entry
+    sweep_stale_downloads(cache_root, stale_after_s)
     # An entry without its manifest was damaged by hand (publishing is atomic): replace it.
     with atomic_path(entry, directory=True, replace=entry.exists()) as staging:
         _fetch_all(uri, manifest.files, staging, s3)
