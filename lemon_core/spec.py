@@ -21,6 +21,14 @@ that is the exact text; for a quoted scalar the quote characters are excluded (e
 stay as written); for a block scalar (`duty: |`) the header line is skipped and surrounding
 whitespace trimmed, so the span runs from the first to the last content character. For a list
 (`depends_on`) the span covers the whole list node, `[a1, a2]` or the block `- a1 ... - a2` lines.
+A tag or anchor in front of a value (`!!str "Planner"`, `&x Planner`) is not part of its span. A byte
+order mark before the spec is skipped.
+
+Validation of a written spec (`validate_spec`, `parse_spec`) adds one rule to the graph checks that
+every `OrchestrationSpec` passes: every agent's work must reach the answer, so the output agent is read
+by no other agent and every other agent is read by at least one. Role, duty and capacity must be
+visible text: no control characters (a duty may hold line breaks and tabs), no zero-width or other
+invisible format characters.
 
 Every spec field is text. YAML's typing of unquoted scalars is ignored (`id: 1` is the id "1",
 `duty: yes` is the duty "yes"), because the orchestrator writes words, not typed data; only an empty
@@ -34,12 +42,13 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lemon_core.roles import BASE_ROLES
 
@@ -71,6 +80,21 @@ def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", type(None): "nothing"}.get(type(value), type(value).__name__)
 
 
+# Control characters (Cc), invisible format characters (Cf: zero-width space and joiners, bidi overrides,
+# BOM, soft hyphen), lone surrogates (Cs) and line/paragraph separators (Zl, Zp) in a role or duty are
+# text a person reading the spec cannot see, yet the agents' prompts would carry them.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _check_visible(value: str, allowed: str = "") -> None:
+    for i, ch in enumerate(value):
+        if ch not in allowed and unicodedata.category(ch) in _HIDDEN_CATEGORIES:
+            name = unicodedata.name(ch, "a control character")
+            fine = " (line breaks and tabs are fine)" if allowed else ""
+            raise ValueError(f"character {i + 1} is U+{ord(ch):04X} ({name}), which is invisible or a control "
+                             f"character; write plain visible text{fine}")
+
+
 # --- the spec objects -----------------------------------------------------------------------------
 class AgentSpec(BaseModel):
     """One agent: who it is (role, inherited base_role), what it must do (duty), how big a model
@@ -99,9 +123,10 @@ class AgentSpec(BaseModel):
 
     @field_validator("role", "duty", "capacity")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
+    def _not_blank(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip():
             raise ValueError("empty; write a value")
+        _check_visible(value, allowed="\n\t" if info.field_name == "duty" else "")
         return value
 
     @field_validator("base_role")
@@ -252,6 +277,7 @@ def validate_spec(spec: OrchestrationSpec | Mapping[str, Any], levels: Sequence[
     except ValidationError as exc:
         raise _translate(exc, data) from None
     _check_sizes(parsed, limits)
+    _check_every_agent_feeds_output(parsed)
     if levels is not None:
         names = [levels] if isinstance(levels, str) else list(levels)
         for agent in parsed.agents:
@@ -259,6 +285,30 @@ def validate_spec(spec: OrchestrationSpec | Mapping[str, Any], levels: Sequence[
                 raise SpecError(f"{_where(agent.id, 'capacity')}: unknown level {agent.capacity!r}; "
                                 f"{_choices(agent.capacity, names)}")
     return parsed
+
+
+def _check_every_agent_feeds_output(spec: OrchestrationSpec) -> None:
+    """Every agent's answer must reach the final one: the output agent is read by no one (else the work
+    of its readers is thrown away) and every other agent is read by someone (else its own work is).
+    This is a rule for specs as written, in ``validate_spec``/``parse_spec``; ``OrchestrationSpec``
+    itself only requires an executable graph, so a counterfactual edit that drops a dependency (and
+    with it the only reader of an agent) still builds."""
+    readers: dict[str, list[str]] = {a.id: [] for a in spec.agents}
+    for agent in spec.agents:
+        for dep in agent.depends_on:
+            readers[dep].append(agent.id)
+    if readers[spec.output]:
+        sinks = [a.id for a in spec.agents if not readers[a.id]]
+        raise SpecError(f"field 'output': agent {spec.output!r} is read by {readers[spec.output]}, whose work "
+                        f"would then be thrown away; name the final agent, one no agent depends on (e.g. "
+                        f"`output: {sinks[-1]}`), or remove {spec.output!r} from their depends_on")
+    order = [a.id for a in spec.agents]
+    for agent in spec.agents:
+        if agent.id != spec.output and not readers[agent.id]:
+            example = f" (e.g. the output {spec.output!r})" if order.index(spec.output) > order.index(agent.id) else ""
+            raise SpecError(f"agent {agent.id!r}: no agent depends on it and it is not the output, so its work "
+                            f"would be thrown away; add {agent.id!r} to the depends_on of an agent declared "
+                            f"after it{example}, or remove agent {agent.id!r}")
 
 
 def _check_shape(data: Any, limits: SpecLimits) -> None:
@@ -334,6 +384,14 @@ def _check_sizes(spec: OrchestrationSpec, limits: SpecLimits) -> None:
 _TAG_RE = re.compile(r"<spec>(.*?)(?:</spec>|\Z)", re.S | re.I)
 _FENCE_LINE_RE = re.compile(r"^[ \t]*```[ \t]*([\w+-]*)[^\n]*$", re.M)
 _TOP_KEY_RE = re.compile(r"^(?:agents|output)[ \t]*:", re.M)
+_KEY_HERE_RE = re.compile(r"(?:agents|output)[ \t]*:")
+_LEAD = " \t\r\n\ufeff"  # a byte order mark is not content (YAML skips one at the start of a stream)
+
+
+def _skip_lead(text: str, lo: int, hi: int) -> int:
+    while lo < hi and (text[lo] in _LEAD or text[lo].isspace()):
+        lo += 1
+    return lo
 _YAML_LINE_RE = re.compile(r"[ \t\r\n]|-|#|\.\.\.|[A-Za-z_][\w-]*[ \t]*:(?:[ \t\r\n]|$)|$")
 
 
@@ -341,8 +399,8 @@ def _locate(text: str) -> tuple[int, int]:
     """(start, end) of the spec block in `text`. A text that starts with the spec is the spec; else
     <spec> tags, then the first ```yaml/```yml/```json/``` fence (preferring one that mentions
     agents), then bare YAML from the first top-level `agents:`/`output:` line."""
-    head = text.lstrip()
-    if head.startswith("{") or _TOP_KEY_RE.match(head):
+    first = _skip_lead(text, 0, len(text))
+    if text.startswith("{", first) or _KEY_HERE_RE.match(text, first):
         return _bare(text, 0, len(text))
     lo, hi = 0, len(text)
     if tag := _TAG_RE.search(text):
@@ -360,10 +418,10 @@ def _locate(text: str) -> tuple[int, int]:
 def _bare(text: str, lo: int, hi: int) -> tuple[int, int]:
     """Bare JSON (first `{` to last `}`) or bare YAML from the first top-level key, up to the first
     line that cannot continue a YAML mapping (trailing prose such as "Hope this helps!")."""
-    start = lo + len(text[lo:hi]) - len(text[lo:hi].lstrip())
+    start = _skip_lead(text, lo, hi)
     if text.startswith("{", start):
         return start, max(text.rfind("}", start, hi) + 1, start + 1)
-    key = _TOP_KEY_RE.search(text, lo, hi)
+    key = _KEY_HERE_RE.match(text, start, hi) or _TOP_KEY_RE.search(text, lo, hi)
     if not key:
         return lo, hi  # no recognisable spec: let the YAML reader report what it sees
     start = end = pos = key.start()
@@ -450,9 +508,25 @@ def _mapping(node: yaml.Node) -> dict[str, yaml.Node]:
 _YAML_SPACE = " \t\r\n"  # not str.isspace(): a no-break space can end a plain scalar
 
 
+def _skip_properties(block: str, start: int, end: int) -> int:
+    """Past a node's tag (`!!str`, `!<tag:...>`) and anchor (`&x`), and the blanks and comments after
+    them: the node's start mark sits on those, but credit belongs to the value's own characters."""
+    while start < end and block[start] in "!&":
+        while start < end and block[start] not in _YAML_SPACE:
+            start += 1
+        while start < end and (block[start] in _YAML_SPACE or block[start] == "#"):
+            if block[start] == "#":
+                newline = block.find("\n", start, end)
+                start = end if newline < 0 else newline
+            else:
+                start += 1
+    return start
+
+
 def _span(node: yaml.Node, block: str, base: int) -> tuple[int, int]:
-    start, end = node.start_mark.index, _source_end(node, block)
-    if isinstance(node, yaml.ScalarNode) and node.style in ('"', "'"):
+    end = _source_end(node, block)
+    start = _skip_properties(block, node.start_mark.index, end)
+    if isinstance(node, yaml.ScalarNode) and node.style in ('"', "'") and end - start >= 2:
         start, end = start + 1, end - 1
     elif isinstance(node, yaml.ScalarNode) and node.style in ("|", ">"):
         newline = block.find("\n", start, end)

@@ -298,7 +298,7 @@ def test_validation_errors_name_agent_and_field(data, expected: str) -> None:
 
 
 def test_limits_are_configurable() -> None:
-    many = spec_data(*[agent(f"a{i}") for i in range(13)])
+    many = spec_data(*[agent(f"a{i}", [f"a{i - 1}"] if i else None) for i in range(13)])  # a chain: all feed a12
     assert len(validate_spec(many, limits=SpecLimits(max_agents=13)).agents) == 13
     assert "at most 3 allowed" in validate_error(many, limits=SpecLimits(max_agents=3))
     assert "at most 10 allowed" in validate_error(spec_data(agent("a1", duty="x" * 11)),
@@ -357,7 +357,8 @@ def test_no_code_execution_from_tags() -> None:
 
 
 # --- property: render -> parse round-trips with exact spans -------------------------------------------
-_TEXT_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\n")
+# Visible text only: control, format (zero-width) and separator characters are refused in role and duty.
+_TEXT_CHARS = st.characters(blacklist_categories=("Cs", "Cc", "Cf", "Zl", "Zp"))
 _LINE = st.text(_TEXT_CHARS, min_size=1, max_size=30).filter(lambda s: s.strip() != "")
 _IDS = st.from_regex(ID_RE, fullmatch=True).filter(lambda s: len(s) <= 40)
 
@@ -370,16 +371,18 @@ def verbatim_in_double_quotes(ch: str) -> bool:
 @st.composite
 def specs(draw) -> OrchestrationSpec:
     ids = draw(st.lists(_IDS, min_size=1, max_size=6, unique=True))
+    deps = [draw(st.lists(st.sampled_from(ids[:i]), unique=True)) if i else [] for i in range(len(ids))]
+    read = {d for ds in deps for d in ds}
+    deps[-1] += [i for i in ids[:-1] if i not in read]  # every agent feeds the output (the last one)
     agents = []
     for i, agent_id in enumerate(ids):
         lines = draw(st.lists(_LINE, min_size=1, max_size=3))
         duty = "\n".join(lines) + draw(st.sampled_from(["", "\n"]))
         agents.append(AgentSpec(
             id=agent_id, role=draw(_LINE), base_role=draw(st.sampled_from(sorted(BASE_ROLES))), duty=duty,
-            capacity=draw(st.sampled_from(LEVELS)),
-            depends_on=draw(st.lists(st.sampled_from(ids[:i]), unique=True)) if i else [],
+            capacity=draw(st.sampled_from(LEVELS)), depends_on=deps[i],
         ))
-    return OrchestrationSpec(agents=agents, output=draw(st.sampled_from(ids)))
+    return OrchestrationSpec(agents=agents, output=ids[-1])
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
