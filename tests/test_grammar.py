@@ -172,6 +172,7 @@ def test_yaml_grammar_reads_every_scalar_style_as_parse_spec_does(policy: Orches
     '"\\ud800"\n    ',  # a lone surrogate no tokenizer can encode
     "'   '\n    ",  # blank
     "x\ty\n    ",  # a raw tab
+    "|-\n      " + "x" * 2001 + "\n    ",  # over max_duty_chars in a block
 ])
 def test_yaml_grammar_refuses_scalars_parse_spec_would_not_take(policy: OrchestratorPolicy, written: str) -> None:
     text = spec_completion(_one_agent(duty="DUTY")).replace("DUTY\n    ", written)
