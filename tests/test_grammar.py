@@ -311,6 +311,7 @@ def test_processor_refuses_a_slow_tokenizer_and_bad_format(policy: OrchestratorP
     (lambda t: t.replace("depends_on: [s1, s2, s3]", "depends_on: [s1, s1]"), True),  # listed twice
     (lambda t: t.replace("depends_on: [s1, s2, s3]", "depends_on: [vote]"), True),  # itself
     (lambda t: t.replace("depends_on: []", "depends_on: [vote]", 1), True),  # later agent (a cycle)
+    (lambda t: t.replace("depends_on: []", "depends_on: [s2]", 1), True),  # later agent, no cycle
     (lambda t: t.replace("output: vote", "output: judge"), True),  # unknown output
     (lambda t: t.replace("capacity: small", "capacity: huge"), False),
     (lambda t: t.replace("base_role: solver", "base_role: wizard"), False),
