@@ -6,13 +6,16 @@ a transformers ``LogitsProcessor`` that enforces it during ``model.generate``.
 
 API
 ---
-``spec_grammar(levels, spec_format, limits=None) -> SpecGrammar``
+``spec_grammar(levels, spec_format, limits=None, *, sequential_ids=False) -> SpecGrammar``
     The language of one orchestrator completion. ``"yaml"``: a ```yaml fence around step-structured
     YAML (what ``policy.spec_completion`` writes), as a Lark grammar; ``"json"``: the compact JSON
     object of ``render_spec_json``, from ``spec.spec_json_schema`` (the schema the vLLM sampler uses).
     ``base_role`` and ``capacity`` are enums (``roles.BASE_ROLES``, ``levels``), ids are short
     identifiers, and agent count and text lengths are bounded by ``limits`` (``spec.SpecLimits``).
-``spec_logits_processor(tokenizer, levels, spec_format, batch_size, *, limits=None, eos_ids=None)``
+    ``sequential_ids=True`` also fixes ids to a1, a2, ... so references are valid by construction
+    (for serving an untrained or weak orchestrator; it refuses specs with other ids).
+``spec_logits_processor(tokenizer, levels, spec_format, batch_size, *, limits=None, eos_ids=None,
+sequential_ids=False)``
     A fresh ``SpecLogitsProcessor`` for ONE ``generate`` call over ``batch_size`` rows (left padding is
     fine; each row has its own matcher). Use it as
     ``model.generate(..., logits_processor=LogitsProcessorList([proc]))`` with greedy or sampled
@@ -78,7 +81,7 @@ import contextlib
 import functools
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -200,24 +203,52 @@ def _choice(values: Sequence[str], field: str) -> str:
     return " | ".join(json.dumps(_rendered(field, v)) for v in values)
 
 
-def _yaml_lark(levels: Sequence[str], limits: SpecLimits) -> str:
+def _yaml_lark(levels: Sequence[str], limits: SpecLimits, sequential_ids: bool) -> str:
     n_agents, n_deps = limits.max_agents, max(limits.max_agents - 1, 0)
     more = f' (", " ID_VALUE){{0,{n_deps - 1}}}' if n_deps > 1 else ""
     deps = '"[]"' if n_deps == 0 else f'"[]" | "[" ID_VALUE{more} "]"'
-
+    fields = ('"\\n    role: " ROLE "base_role: " base_role "\\n    duty: " DUTY "capacity: " capacity'
+              ' "\\n    depends_on: "')
+    if sequential_ids:
+        structure = _sequential_ids(
+            n_agents, head='"agents:\\n"', between=" ", tail='"output: " {ids} "\\n"',
+            agent='"  - id: a{k}"' + fields + ' {deps} "\\n"', quote=lambda i: f'"a{i}"', sep='", "',
+        )
+    else:
+        structure = [
+            f'spec: "agents:\\n" agent{{1,{n_agents}}} "output: " ID_VALUE "\\n"',
+            'agent: "  - id: " ID_VALUE' + fields + ' deps "\\n"',
+            f"deps: {deps}",
+        ]
     return "\n".join([
         "%llguidance {}",
         f"start: {json.dumps(YAML_FENCE_OPEN)} spec {json.dumps(YAML_FENCE_CLOSE)}",
-        f'spec: "agents:\\n" agent{{1,{n_agents}}} "output: " ID_VALUE "\\n"',
-        'agent: "  - id: " ID_VALUE "\\n    role: " ROLE "base_role: " base_role "\\n    duty: " DUTY'
-        ' "capacity: " capacity "\\n    depends_on: " deps "\\n"',
+        *structure,
         f"base_role: {_choice(list(BASE_ROLES), 'base_role')}",
         f"capacity: {_choice(levels, 'capacity')}",
-        f"deps: {deps}",
         _lexemes(limits),
         _text_terminal("ROLE", limits.max_role_chars),
         _text_terminal("DUTY", limits.max_duty_chars),
     ])
+
+
+def _sequential_ids(n_agents: int, *, head: str, between: str, tail: str, agent: str,
+                    quote: Callable[[int], str], sep: str) -> list[str]:
+    """Rules of a spec whose ids are a1, a2, ... in order, whose dependencies are earlier ids in
+    increasing order and whose output is one of its ids: every reference valid by construction.
+    ``agent`` has ``{k}`` (its number) and ``{deps}``; ``tail`` has ``{ids}`` (the output choice)."""
+    rules = ["spec: " + " | ".join(f"spec{n}" for n in range(1, n_agents + 1))]
+    for n in range(1, n_agents + 1):
+        agents = f" {between} ".join(f"agent{k}" for k in range(1, n + 1))
+        ids = "(" + " | ".join(quote(i) for i in range(1, n + 1)) + ")"
+        rules.append(f"spec{n}: {head} {agents} {tail.replace('{ids}', ids)}")
+    for k in range(1, n_agents + 1):
+        deps = '"[]"' if k == 1 else f'("[]" | "[" after1_{k} "]")'
+        rules.append(f"agent{k}: " + agent.replace("{k}", str(k)).replace("{deps}", deps))
+        for j in range(1, k):  # after{j}_{k}: an increasing list of ids from a{j} up to a{k-1}
+            rest = f" | {quote(j)} {sep} after{j + 1}_{k} | after{j + 1}_{k}" if j + 1 < k else ""
+            rules.append(f"after{j}_{k}: {quote(j)}{rest}")
+    return rules
 
 
 # characters YAML refuses, or reads as line breaks, inside the JSON (which parse_spec reads as YAML)
@@ -236,6 +267,36 @@ def _json_schema(levels: Sequence[str], limits: SpecLimits) -> dict[str, Any]:
     return schema
 
 
+def _json_sequential_lark(levels: Sequence[str], limits: SpecLimits) -> str:
+    """The compact JSON form as Lark, with sequential ids (``_sequential_ids``); texts reuse the
+    narrowed schema's string rules through llguidance's inline ``%json``."""
+    schema = _json_schema(levels, limits)
+    props = schema["properties"]["agents"]["items"]["properties"]
+
+    def lit(text: str) -> str:
+        return json.dumps(text)
+
+    def choice(values: Sequence[str]) -> str:
+        return " | ".join(lit(json.dumps(v, ensure_ascii=False)) for v in values)
+
+    agent = (lit('{"id":"a') + ' "{k}" ' + lit('","role":') + " role " + lit(',"base_role":') + " base_role "
+             + lit(',"duty":') + " duty " + lit(',"capacity":') + " capacity " + lit(',"depends_on":')
+             + " {deps} " + lit("}"))
+    structure = _sequential_ids(
+        limits.max_agents, head=lit('{"agents":['), between='","', tail=lit('],"output":') + " {ids} " + lit("}"),
+        agent=agent, quote=lambda i: lit(f'"a{i}"'), sep='","',
+    )
+    return "\n".join([
+        "%llguidance {}",
+        "start: spec",
+        *structure,
+        f"role: %json {json.dumps(props['role'])}",
+        f"duty: %json {json.dumps(props['duty'])}",
+        f"base_role: {choice(list(BASE_ROLES))}",
+        f"capacity: {choice(levels)}",
+    ])
+
+
 @dataclass(frozen=True)
 class SpecGrammar:
     """One spec language. ``lark``: the grammar in llguidance's Lark dialect (what vLLM's guidance
@@ -252,17 +313,27 @@ class SpecGrammar:
         return _llguidance().LLMatcher.grammar_from_lark(self.lark)
 
 
-def spec_grammar(levels: Sequence[str], spec_format: SpecFormat, limits: SpecLimits | None = None) -> SpecGrammar:
-    """The grammar of a completion writing a spec over capacity ``levels`` (see the module docstring)."""
-    return _spec_grammar(tuple(levels), spec_format, limits or SpecLimits())
+def spec_grammar(levels: Sequence[str], spec_format: SpecFormat, limits: SpecLimits | None = None, *,
+                 sequential_ids: bool = False) -> SpecGrammar:
+    """The grammar of a completion writing a spec over capacity ``levels`` (see the module docstring).
+
+    ``sequential_ids`` narrows ids to a1, a2, ... in order, dependencies to earlier ids in increasing
+    order and the output to one of the ids: then every admitted spec passes ``parse_spec``, reference
+    checks included (what an untrained orchestrator needs to be usable at all), but specs written with
+    other ids (e.g. the baselines' ``vote``) are not admitted.
+    """
+    return _spec_grammar(tuple(levels), spec_format, limits or SpecLimits(), sequential_ids)
 
 
 @functools.lru_cache(maxsize=32)
-def _spec_grammar(levels: tuple[str, ...], spec_format: str, limits: SpecLimits) -> SpecGrammar:
+def _spec_grammar(levels: tuple[str, ...], spec_format: str, limits: SpecLimits,
+                  sequential_ids: bool) -> SpecGrammar:
     if not levels:
         raise ValueError("levels: the pool has no capacity levels; a spec needs at least one")
     if spec_format == "yaml":
-        return SpecGrammar("yaml", _yaml_lark(levels, limits))
+        return SpecGrammar("yaml", _yaml_lark(levels, limits, sequential_ids))
+    if spec_format == "json" and sequential_ids:
+        return SpecGrammar("json", _json_sequential_lark(levels, limits))
     if spec_format == "json":
         schema = _json_schema(levels, limits)
         return SpecGrammar("json", f"%llguidance {{}}\nstart: %json {json.dumps(schema)}", schema)
@@ -412,10 +483,11 @@ def _executor() -> Any:
 
 
 def spec_logits_processor(tokenizer: Any, levels: Sequence[str], spec_format: SpecFormat, batch_size: int, *,
-                          limits: SpecLimits | None = None, eos_ids: Sequence[int] | None = None
-                          ) -> SpecLogitsProcessor:
+                          limits: SpecLimits | None = None, eos_ids: Sequence[int] | None = None,
+                          sequential_ids: bool = False) -> SpecLogitsProcessor:
     """A processor for one ``generate`` call of ``batch_size`` rows (see the module docstring)."""
-    return SpecLogitsProcessor(tokenizer, spec_grammar(levels, spec_format, limits), batch_size, eos_ids)
+    grammar = spec_grammar(levels, spec_format, limits, sequential_ids=sequential_ids)
+    return SpecLogitsProcessor(tokenizer, grammar, batch_size, eos_ids)
 
 
 # --- what a grammar cannot check ----------------------------------------------------------------------

@@ -52,7 +52,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> OrchestratorPolicy:
 
 def _sample(policy: OrchestratorPolicy, spec_format: str, *, constrained: bool, do_sample: bool,
             limits: SpecLimits | None = None, seed: int = 0, rows: int = 16,
-            max_new_tokens: int = BUDGET) -> list[tuple[str, bool]]:
+            max_new_tokens: int = BUDGET, sequential_ids: bool = False) -> list[tuple[str, bool]]:
     """(text, finished) per row of ONE left-padded generate call over prompts of different lengths."""
     pool = load_pool("simulated")
     prompts = [policy.prompt_ids(QUESTIONS[i % len(QUESTIONS)], pool) for i in range(rows)]
@@ -61,7 +61,7 @@ def _sample(policy: OrchestratorPolicy, spec_format: str, *, constrained: bool, 
     processors = LogitsProcessorList()
     if constrained:
         processors.append(spec_logits_processor(policy.tokenizer, LEVELS, spec_format, rows, limits=limits,
-                                                eos_ids=policy.eos_ids))
+                                                eos_ids=policy.eos_ids, sequential_ids=sequential_ids))
     sampling = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if do_sample else dict(do_sample=False)
     torch.manual_seed(seed)
     out = policy.model.generate(input_ids=ids[:, :width], attention_mask=mask[:, :width], max_new_tokens=max_new_tokens,
@@ -114,6 +114,32 @@ def test_constrained_samples_are_all_specs_up_to_references(policy: Orchestrator
                    for a in parsed.agents)
     if spec_format == "yaml":
         assert all(text.startswith("```yaml\nagents:\n") and text.endswith("```") for text, _ in samples)
+
+
+@pytest.mark.parametrize("spec_format", ["yaml", "json"])
+def test_sequential_ids_make_every_sample_a_valid_spec(policy: OrchestratorPolicy, spec_format: str) -> None:
+    limits = limits_for_budget(BUDGET, LEVELS, spec_format, max_agents=3)
+    samples = _sample(policy, spec_format, constrained=True, do_sample=True, limits=limits, sequential_ids=True)
+    assert all(finished for _, finished in samples)
+    specs = [parse_spec(text, LEVELS).spec for text, _ in samples]  # raises on any invalid sample
+    assert all([a.id for a in spec.agents] == [f"a{i + 1}" for i in range(len(spec.agents))] for spec in specs)
+    assert any(agent.depends_on for spec in specs for agent in spec.agents)  # the DAG part is exercised
+
+
+@pytest.mark.parametrize("spec_format", ["yaml", "json"])
+def test_sequential_ids_admit_canonical_specs_and_refuse_other_ids(policy: OrchestratorPolicy,
+                                                                   spec_format: str) -> None:
+    grammar = spec_grammar(LEVELS, spec_format, sequential_ids=True)
+    solve = dict(base_role="solver", duty="Solve: step by step.\nThen answer.", capacity="small")
+    spec = OrchestrationSpec(agents=[AgentSpec(id="a1", role="Planner", **solve),
+                                     AgentSpec(id="a2", role="Solver", depends_on=["a1"], **solve),
+                                     AgentSpec(id="a3", role="Judge", depends_on=["a1", "a2"], **solve)], output="a2")
+    assert grammar_accepts(policy.tokenizer, grammar, spec_completion(spec, spec_format))
+    renamed = spec.model_copy(update={"agents": [*spec.agents[:2], spec.agents[2].model_copy(update={"id": "judge"})]})
+    reordered = spec.model_copy(update={"agents": [*spec.agents[:2], spec.agents[2].model_copy(
+        update={"depends_on": ["a2", "a1"]})]})
+    for other in (renamed, reordered):
+        assert not grammar_accepts(policy.tokenizer, grammar, spec_completion(other, spec_format))
 
 
 def test_unconstrained_random_model_writes_almost_no_specs(policy: OrchestratorPolicy) -> None:
