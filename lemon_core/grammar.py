@@ -312,6 +312,13 @@ class SpecGrammar:
         """The form ``llguidance.LLMatcher`` takes."""
         return _llguidance().LLMatcher.grammar_from_lark(self.lark)
 
+    @property
+    def structured_outputs(self) -> dict[str, Any]:
+        """The ``structured_outputs`` entry of a vLLM OpenAI-server request body (guidance backend)."""
+        if self.json_schema is not None:
+            return {"json": self.json_schema}
+        return {"grammar": self.lark}
+
 
 def spec_grammar(levels: Sequence[str], spec_format: SpecFormat, limits: SpecLimits | None = None, *,
                  sequential_ids: bool = False) -> SpecGrammar:

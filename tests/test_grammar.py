@@ -295,6 +295,36 @@ def test_json_grammar_accepts_render_spec_json_of_any_valid_spec(policy: Orchest
     assert grammar_accepts(policy.tokenizer, spec_grammar(LEVELS, "json"), text), text
 
 
+@pytest.mark.parametrize(("spec_format", "sequential_ids"), [("yaml", False), ("json", False), ("json", True)])
+def test_structured_outputs_body_constrains_like_vllms_guidance_backend(policy: OrchestratorPolicy, spec_format: str,
+                                                                        sequential_ids: bool) -> None:
+    """What vLLM 0.32's guidance backend does with the body (backend_guidance.serialize_guidance_grammar):
+    a grammar goes through llguidance.grammar_from("grammar", ...), a schema through grammar_from_json_schema
+    with its default flexible whitespace, which the schema's x-guidance entry must override."""
+    import llguidance
+    from llguidance.hf import from_tokenizer
+
+    body = spec_grammar(LEVELS, spec_format, sequential_ids=sequential_ids).structured_outputs
+    if "json" in body:
+        serialized = llguidance.LLMatcher.grammar_from_json_schema(body["json"], defaults={"whitespace_flexible": True})
+    else:
+        serialized = llguidance.grammar_from("grammar", body["grammar"])
+    ll = from_tokenizer(policy.tokenizer)
+
+    def accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(ll, serialized, log_level=0)
+        return not matcher.is_error() and matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()
+
+    spec = baseline_spec("chain", "medium")
+    spec = spec.model_copy(update={"agents": [a.model_copy(update={"id": f"a{i + 1}", "depends_on": [
+        f"a{i}"] if i else []}) for i, a in enumerate(spec.agents)], "output": f"a{len(spec.agents)}"})
+    text = spec_completion(spec, spec_format)
+    assert accepts(text)
+    assert not accepts(text.replace("medium", "huge"))
+    if spec_format == "json":
+        assert not accepts(text.replace(",", ", "))  # compact separators hold per request
+
+
 def test_processor_forbids_end_of_turn_until_the_spec_is_complete_then_allows_only_it(
         policy: OrchestratorPolicy) -> None:
     tokenizer = policy.tokenizer
