@@ -82,7 +82,7 @@ import functools
 import json
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -190,17 +190,17 @@ def _text_terminal(name: str, n: int) -> str:
     return f"{name}: ({plain} | {single} | {double}) \"\\n    \" | ({blocks}) \"    \""
 
 
-def _rendered(field: str, value: str) -> str:
-    """How ``render_spec`` writes ``value`` in ``field`` (quoted when YAML would read it otherwise)."""
+def _rendered(key: str, value: str) -> str:
+    """How ``render_spec`` writes ``value`` in field ``key`` (quoted when YAML would read it otherwise)."""
     agent = AgentSpec(id="a", role="r", base_role="solver", duty="d", capacity="c")
-    agent = agent.model_copy(update={field: value})
+    agent = agent.model_copy(update={key: value})
     text = render_spec(OrchestrationSpec(agents=[agent], output="a"))
-    start = text.index(f"    {field}: ") + len(f"    {field}: ")
+    start = text.index(f"    {key}: ") + len(f"    {key}: ")
     return text[start : text.index("\n", start)]
 
 
-def _choice(values: Sequence[str], field: str) -> str:
-    return " | ".join(json.dumps(_rendered(field, v)) for v in values)
+def _choice(values: Sequence[str], key: str) -> str:
+    return " | ".join(json.dumps(_rendered(key, v)) for v in values)
 
 
 def _yaml_lark(levels: Sequence[str], limits: SpecLimits, sequential_ids: bool) -> str:
@@ -261,8 +261,8 @@ def _json_schema(levels: Sequence[str], limits: SpecLimits) -> dict[str, Any]:
     llguidance's compact separators, so it admits exactly the form ``render_spec_json`` writes."""
     schema = spec_json_schema(levels, limits)
     agent = schema["properties"]["agents"]["items"]["properties"]
-    for field in ("role", "duty"):
-        agent[field]["pattern"] = f"^{_JSON_TEXT}*{_JSON_NOT_SPACE}{_JSON_TEXT}*$"
+    for name in ("role", "duty"):
+        agent[name]["pattern"] = f"^{_JSON_TEXT}*{_JSON_NOT_SPACE}{_JSON_TEXT}*$"
     schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
     return schema
 
@@ -304,8 +304,8 @@ class SpecGrammar:
     schema itself (``structured_outputs.json``), whose ``x-guidance`` entry fixes compact separators."""
 
     spec_format: SpecFormat
-    lark: str
-    json_schema: dict[str, Any] | None = None
+    lark: str  # the whole language (a JSON schema is embedded with %json), so it alone defines ==/hash
+    json_schema: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def serialized(self) -> str:

@@ -304,7 +304,9 @@ def test_structured_outputs_body_constrains_like_vllms_guidance_backend(policy: 
     import llguidance
     from llguidance.hf import from_tokenizer
 
-    body = spec_grammar(LEVELS, spec_format, sequential_ids=sequential_ids).structured_outputs
+    grammar = spec_grammar(LEVELS, spec_format, sequential_ids=sequential_ids)
+    assert hash(grammar) == hash(spec_grammar(list(LEVELS), spec_format, sequential_ids=sequential_ids))
+    body = grammar.structured_outputs
     if "json" in body:
         serialized = llguidance.LLMatcher.grammar_from_json_schema(body["json"], defaults={"whitespace_flexible": True})
     else:
