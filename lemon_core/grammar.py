@@ -21,6 +21,8 @@ sequential_ids=False)``
     ``model.generate(..., logits_processor=LogitsProcessorList([proc]))`` with greedy or sampled
     decoding. Until a row's spec is complete, end-of-turn ids are masked; once it is complete, only the
     end-of-turn ids (``eos_ids``, default the tokenizer's eos) are allowed.
+``SpecLogitsProcessor(tokenizer, grammar, batch_size, eos_ids=None)``
+    The same from a ``SpecGrammar``, or from one grammar per row (requests with different limits).
 ``grammar_accepts(tokenizer, grammar, text) -> bool``
     Whether ``text`` is in the grammar's language (for checks and tests).
 ``is_reference_error(error) -> bool``
@@ -424,17 +426,21 @@ class SpecLogitsProcessor:
     transformers calls it once per step with all ids so far (``[batch, prompt + generated]``): the
     first call fixes where generation starts, each later call feeds every live row's newest token to
     that row's matcher. Rows that ended (an end-of-turn id) are left alone; transformers pads them.
+    ``grammar`` is one grammar for every row, or one per row (e.g. requests with different limits).
     """
 
-    def __init__(self, tokenizer: Any, grammar: SpecGrammar, batch_size: int,
+    def __init__(self, tokenizer: Any, grammar: SpecGrammar | Sequence[SpecGrammar], batch_size: int,
                  eos_ids: Sequence[int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be >= 1")
+        grammars = [grammar] * batch_size if isinstance(grammar, SpecGrammar) else list(grammar)
+        if len(grammars) != batch_size:
+            raise ValueError(f"{len(grammars)} grammars for batch_size={batch_size}; give one per row or one")
         eos = list(eos_ids) if eos_ids is not None else [tokenizer.eos_token_id]
         if not eos or any(e is None for e in eos):
             raise ValueError("eos_ids: give the end-of-turn token id(s); the tokenizer has no eos token")
-        template = _matcher(tokenizer, grammar)
-        self.matchers = [template.deep_copy() for _ in range(batch_size)]
+        templates = {g: _matcher(tokenizer, g) for g in set(grammars)}
+        self.matchers = [templates[g].deep_copy() for g in grammars]
         self.eos_ids = torch.tensor(sorted(set(eos)), dtype=torch.long)
         self.vocab = _ll_tokenizer(tokenizer).vocab_size
         self.bitmask = torch.zeros((batch_size, (self.vocab + 31) // 32), dtype=torch.int32)

@@ -22,6 +22,7 @@ from transformers import LogitsProcessorList
 
 from lemon_core.baselines import BASELINES, baseline_spec
 from lemon_core.grammar import (
+    SpecLogitsProcessor,
     grammar_accepts,
     is_reference_error,
     limits_for_budget,
@@ -342,6 +343,29 @@ def test_processor_forbids_end_of_turn_until_the_spec_is_complete_then_allows_on
         ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
     scores = proc(ids, torch.zeros(1, vocab))
     assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == sorted(eos)
+
+
+def test_processor_takes_one_grammar_per_row(policy: OrchestratorPolicy) -> None:
+    """Rows of one batch under different grammars (here: different pools) each keep to their own."""
+    tokenizer, rows = policy.tokenizer, 4
+    limits = SpecLimits(max_agents=2, max_id_chars=3, max_role_chars=6, max_duty_chars=10)
+    grammars = [spec_grammar(["small"] if row % 2 else ["large"], "yaml", limits) for row in range(rows)]
+    proc = SpecLogitsProcessor(tokenizer, grammars, rows, eos_ids=[tokenizer.eos_token_id])
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.zeros((rows, 1), dtype=torch.long)
+    ended = torch.zeros(rows, dtype=torch.bool)
+    while not ended.all() and ids.shape[1] < 400:
+        scores = proc(ids, torch.randn(rows, len(tokenizer), generator=generator))
+        token = torch.multinomial(torch.softmax(scores, -1), 1, generator=generator).squeeze(1)
+        token[ended] = tokenizer.pad_token_id
+        ended |= token == tokenizer.eos_token_id
+        ids = torch.cat([ids, token[:, None]], dim=1)
+    for row in range(rows):
+        text = tokenizer.decode(ids[row, 1:].tolist()).split(tokenizer.eos_token)[0]
+        capacities = re.findall(r"(?m)^    capacity: (\w+)$", text)
+        assert capacities and set(capacities) == {"small" if row % 2 else "large"}, text
+    with pytest.raises(ValueError, match="3 grammars for batch_size=4"):
+        SpecLogitsProcessor(tokenizer, grammars[:3], rows)
 
 
 def test_processor_is_one_per_generate_call(policy: OrchestratorPolicy) -> None:
