@@ -9,7 +9,6 @@ any moment leaves the last good checkpoint intact. ``restore_training_state`` is
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
+from lemon_core.storage import atomic_path, is_temporary, write_atomic  # noqa: F401 - write_atomic re-exported
 
 LATEST = "latest"
 
@@ -30,32 +30,19 @@ def save_model_dir(
     extra: Callable[[Path], None] | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """save_pretrained into ``final.tmp``, then rename: ``final`` is either complete or absent.
+    """save_pretrained into a temporary sibling, then rename: ``final`` is either complete or absent.
 
     ``state_dict``: the full weights to write instead of the model's own (an FSDP-sharded policy, whose
     ``fsdp.full_state`` was gathered on this rank).
     """
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if state_dict is not None:
-        policy.model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-    else:
-        policy.model.save_pretrained(tmp, safe_serialization=True)
-    policy.tokenizer.save_pretrained(tmp)
-    if extra is not None:
-        extra(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with atomic_path(final, directory=True) as tmp:
+        if state_dict is not None:
+            policy.model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        else:
+            policy.model.save_pretrained(tmp, safe_serialization=True)
+        policy.tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
 
 
 def save_checkpoint(
@@ -104,7 +91,7 @@ def save_checkpoint(
     save_model_dir(policy, final, extra, state_dict=model_state)
     write_atomic(ckpt_dir / LATEST, final.name)
     for old in sorted(ckpt_dir.glob("ckpt-*")):
-        if old.name.endswith(".tmp") or old.name >= f"ckpt-{step - keep + 1:06d}" or old == final:
+        if is_temporary(old.name) or old.name >= f"ckpt-{step - keep + 1:06d}" or old == final:
             continue
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -7,13 +7,13 @@ gets plain weights from ``merged_lora_state`` or ``merge_lora_checkpoint``.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from lemon_core.storage import atomic_path
 
 if TYPE_CHECKING:
     from lemon_core.config import LoraSettings
@@ -72,12 +72,9 @@ def merge_lora_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
     if not (src / "adapter_config.json").exists():
         raise ValueError(f"{src} has no adapter_config.json: not a LoRA checkpoint (nothing to merge)")
     model = peft.AutoPeftModelForCausalLM.from_pretrained(src).merge_and_unload()
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
+    with atomic_path(final, directory=True) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
     return final
 
 

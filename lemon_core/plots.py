@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from lemon_core.storage import atomic_path
+
 Series = tuple[list[int], list[float]]
 PANELS = ("reward", "reward terms", "rates", "cost", "capacity share", "delta", "edit counts", "optimisation")
 
@@ -157,8 +159,7 @@ def plot_reward_curve(rows: Sequence[dict[str, Any]] | str | Path, out_png: str 
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)  # the temporary name does not end in .png
     plt.close(fig)
-    tmp.replace(out)
     return out

@@ -19,8 +19,6 @@ ratio needs exactly log pi_old under the loss's convention.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from lemon_core.prompts import (  # noqa: F401 - re-exported: the policy's promp
     spec_completion,
 )
 from lemon_core.spec import OrchestrationSpec
+from lemon_core.storage import atomic_path
 
 
 class CompletionSampler(Protocol):
@@ -314,17 +313,13 @@ class OrchestratorPolicy:
         rounding in the frozen base - which is also the KL reference - every iteration.
         """
         final = Path(dest)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        if hasattr(self.model, "get_base_model"):  # a peft model
-            base = self.model.get_base_model()
-            base.save_pretrained(tmp, state_dict=merged_lora_state(base), safe_serialization=True)
-        else:
-            self.model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
+        with atomic_path(final, directory=True) as tmp:
+            if hasattr(self.model, "get_base_model"):  # a peft model
+                base = self.model.get_base_model()
+                base.save_pretrained(tmp, state_dict=merged_lora_state(base), safe_serialization=True)
+            else:
+                self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
         return final
 
     def export_adapter(self, dest: str | Path) -> Path:
@@ -333,12 +328,9 @@ class OrchestratorPolicy:
         if not hasattr(self.model, "peft_config"):
             raise ValueError("export_adapter needs a LoRA (peft) policy; use export_weights for a full model")
         final = Path(dest)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)  # self-contained, like a checkpoint: loads with transformers too
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
+        with atomic_path(final, directory=True) as tmp:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)  # self-contained, like a checkpoint: loads with transformers too
         return final
 
     def sync_sampler(self, model_dir: str | Path) -> None:

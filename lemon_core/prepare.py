@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lemon_core import storage
-from lemon_core.errors import LemonError
+from lemon_core.errors import LemonError, format_validation_error
 
 SPLITS = ("train", "val", "test")
 MANIFEST = "manifest.json"
@@ -227,6 +227,9 @@ def read_manifest(uri: str) -> Manifest:
         return Manifest.model_validate_json(storage.read_text(target))
     except storage.StorageError as e:
         raise PrepareError(f"no task manifest at {target}: run `lemon prepare` first ({e})") from e
+    except ValidationError as e:
+        raise PrepareError(f"{target} is not a valid task manifest ({format_validation_error(e)}); "
+                           "re-run `lemon prepare`") from None
 
 
 def read_shard(uri: str, manifest: Manifest, benchmark: str | None = None) -> list[tuple[str, Any]]:

@@ -33,15 +33,19 @@ ORCHESTRATOR_FORMAT = (
     "Write the team as a YAML spec in a ```yaml block, in exactly this format:\n"
     "```yaml\n{example}```\n"
     "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
-    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
-    "Use as few agents and as cheap a capacity as the task allows."
+    "output is the id of the agent whose answer is final; every other agent is read by a later one. "
+    "capacity is one of: {levels}. "
+    "The example only shows the format: choose the agents and each one's capacity for this task "
+    "(a capable level costs more; a wrong answer is worth nothing)."
 )
 
 ORCHESTRATOR_FORMAT_JSON = (
     "Write the team as a JSON object, in exactly this format:\n{example}\n"
     "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
-    "output is the id of the agent whose answer is final. capacity is one of: {levels}. "
-    "Use as few agents and as cheap a capacity as the task allows."
+    "output is the id of the agent whose answer is final; every other agent is read by a later one. "
+    "capacity is one of: {levels}. "
+    "The example only shows the format: choose the agents and each one's capacity for this task "
+    "(a capable level costs more; a wrong answer is worth nothing)."
 )
 
 
@@ -51,18 +55,17 @@ def _check_format(spec_format: str) -> None:
 
 
 def _example_spec(pool: CapacityPool) -> OrchestrationSpec:
-    cheap = pool.level_names[0]
+    """The format example: two agents at two different levels, so the prompt shows the fields and a
+    dependency without suggesting one team or one capacity as the default answer."""
+    levels = pool.level_names
     return OrchestrationSpec(
         agents=[
-            AgentSpec(
-                id="a1",
-                role="Step-by-step solver",
-                base_role="solver",
-                duty="Solve the problem step by step and state the final answer.",
-                capacity=cheap,
-            ),
+            AgentSpec(id="a1", role="Planner", base_role="planner", duty="List the steps that solve the task.",
+                      capacity=levels[0]),
+            AgentSpec(id="a2", role="Solver", base_role="solver", duty="Follow the plan and state the answer.",
+                      capacity=levels[-1], depends_on=["a1"]),
         ],
-        output="a1",
+        output="a2",
     )
 
 
@@ -86,8 +89,9 @@ def orchestrator_messages(
     )
     parts = [f"Task:\n{question.strip()}", f"Capacity levels (cheapest first):\n{levels}"]
     if include_roles:
-        roles = "\n".join(f"- {name}: {duty}" for name, duty in BASE_ROLES.items())
-        parts.append(f"Base roles (each agent inherits one as base_role and customises its duty):\n{roles}")
+        # names only: every prompt token is paid at every sample and every update (docs/training.md)
+        parts.append("Base roles (each agent inherits one as base_role and customises its duty): "
+                     + ", ".join(BASE_ROLES) + ".")
     levels_list = ", ".join(pool.level_names)
     if include_format and spec_format == "json":
         parts.append(ORCHESTRATOR_FORMAT_JSON.format(example=render_spec_json(_example_spec(pool)), levels=levels_list))

@@ -514,6 +514,6 @@ def write_report(
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    from lemon_core.storage import write_atomic
+
+    write_atomic(path, data)

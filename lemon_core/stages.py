@@ -71,20 +71,16 @@ def root_of_summary(summary_uri: str) -> str:
 
 
 def local_dir(uri: str) -> Path:
-    """A local folder holding the directory at ``uri`` (downloaded once per process for s3://)."""
+    """A local folder holding the directory at ``uri``: the folder itself for a local URI; for s3:// a
+    verified copy in the shared cache, keyed by the content (manifest sha256), never by the URI, so a
+    rewritten object at the same URI is never served stale."""
     if not storage.is_s3(uri):
         path = storage.parse_uri(uri).path
         if not path.is_dir():
             raise StageError(f"{uri} is not a folder: did the stage that writes it run?")
         return path
     cache = Path(os.environ.get("LEMON_CACHE_DIR", Path.home() / ".cache" / "lemon")) / "artifacts"
-    target = cache / uri.removeprefix("s3://").replace("/", "_")
-    if not target.is_dir():
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache))
-        storage.download_dir(uri, tmp)
-        tmp.rename(target)
-    return target
+    return storage.cached_download(uri, cache)  # keyed by the manifest's sha256; safe on a shared PVC
 
 
 def _metrics_out(metrics: Any, uri: str, job: str, labels: dict[str, str]) -> None:
