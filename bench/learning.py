@@ -46,6 +46,7 @@ from lemon_core.report import choice_stats, plot_pareto  # noqa: E402
 from lemon_core.train import (  # noqa: E402
     build_state,
     close_state,
+    constrain,
     load_policy,
     load_train_pool,
     run_iteration,
@@ -123,7 +124,8 @@ def main() -> None:
     print(f"SFT: {sft.model_dump_json()}", flush=True)
     sft_dir = out / "sft-model"
     save_model_dir(policy, sft_dir)
-    summary, records = evaluate_orchestrator(policy, pool, test, benchmark=bench, method="lemon-sft",
+    summary, records = evaluate_orchestrator(constrain(policy, cfg, levels), pool, test, benchmark=bench,
+                                             method="lemon-sft",
                                              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
                                              progress=False, cache=cache)
     record("lemon-sft", summary, records, t0)

@@ -114,7 +114,7 @@ def _eval_orchestrator(orchestrator: str, train_config: str | None, benchmark: s
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.config import ORCHESTRATOR, TrainConfig
     from lemon_core.evaluate import evaluate_orchestrator
-    from lemon_core.train import load_policy
+    from lemon_core.train import constrain, load_policy
 
     if train_config is None:
         beside = [p / "config.json" for p in Path(orchestrator).resolve().parents[:2]]
@@ -126,7 +126,7 @@ def _eval_orchestrator(orchestrator: str, train_config: str | None, benchmark: s
         cfg = TrainConfig.from_yaml(train_config)
     bench = get_benchmark(benchmark)
     examples = bench.load(split or bench.default_split, limit=limit, data_dir=data_dir)
-    policy = load_policy(cfg, orchestrator)
+    policy = constrain(load_policy(cfg, orchestrator), cfg, pool.level_names)
     out_dir = out / f"{benchmark}-{ORCHESTRATOR}"
     summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, method=ORCHESTRATOR,
                                        split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size,

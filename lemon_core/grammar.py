@@ -237,12 +237,13 @@ def _yaml_lark(levels: Sequence[str], limits: SpecLimits, sequential_ids: bool) 
 def _sequential_ids(n_agents: int, *, head: str, between: str, tail: str, agent: str,
                     quote: Callable[[int], str], sep: str) -> list[str]:
     """Rules of a spec whose ids are a1, a2, ... in order, whose dependencies are earlier ids in
-    increasing order and whose output is one of its ids: every reference valid by construction.
-    ``agent`` has ``{k}`` (its number) and ``{deps}``; ``tail`` has ``{ids}`` (the output choice)."""
+    increasing order and whose output is its last agent: every reference valid by construction, and the
+    output is never read by another agent (nothing comes after it). ``agent`` has ``{k}`` (its number)
+    and ``{deps}``; ``tail`` has ``{ids}`` (the output)."""
     rules = ["spec: " + " | ".join(f"spec{n}" for n in range(1, n_agents + 1))]
     for n in range(1, n_agents + 1):
         agents = f" {between} ".join(f"agent{k}" for k in range(1, n + 1))
-        ids = "(" + " | ".join(quote(i) for i in range(1, n + 1)) + ")"
+        ids = quote(n)  # the last agent: spec.py refuses an output that another agent reads
         rules.append(f"spec{n}: {head} {agents} {tail.replace('{ids}', ids)}")
     for k in range(1, n_agents + 1):
         deps = '"[]"' if k == 1 else f'("[]" | "[" after1_{k} "]")'

@@ -137,6 +137,7 @@ class OrchestratorPolicy:
         self.include_format = include_format
         self.spec_format: SpecFormat = spec_format
         self.sampler = sampler  # None: sample with the model's own generate
+        self.grammar: Any = None  # a grammar.SpecGrammar: the own generate writes only specs (see constrain)
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -252,6 +253,13 @@ class OrchestratorPolicy:
         )
         if not greedy:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        if self.grammar is not None:  # masks only: the old log-probs below stay the unconstrained policy's
+            from transformers import LogitsProcessorList
+
+            from lemon_core.grammar import SpecLogitsProcessor
+
+            proc = SpecLogitsProcessor(self.tokenizer, self.grammar, len(prompts), eos_ids=self.eos_ids)
+            kwargs["logits_processor"] = LogitsProcessorList([proc])
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(seed)
             generated = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)

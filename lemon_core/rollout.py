@@ -75,6 +75,17 @@ class RolloutConfig(BaseModel):
         "vLLM engine on GPU that reloads the policy's weights after every update (see vllm_sampler.py)",
     )
     vllm: VLLMSamplerConfig = Field(default_factory=VLLMSamplerConfig, description="used when sampler: vllm")
+    grammar: bool = Field(
+        False,
+        description="constrain the policy's own generate to the spec grammar (lemon_core/grammar.py, llguidance): "
+        "every sample is a well-formed spec with enum levels/base roles and sequential ids a1, a2, ...; old "
+        "log-probs and the KL stay those of the unconstrained policy. Graph rules a grammar cannot express are "
+        "still checked and counted. The vLLM sampler uses rollout.vllm.guided_json instead",
+    )
+    grammar_max_agents: int = Field(4, ge=1, le=12, description="most agents a grammar-constrained spec may have")
+    grammar_max_duty_chars: int = Field(
+        200, ge=1, description="longest role/duty text under the grammar (keeps specs inside max_new_tokens)"
+    )
     check_budget: bool = Field(
         True,
         description="refuse a max_new_tokens below the 95th percentile of the SFT targets' token lengths "

@@ -31,7 +31,7 @@ from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import parse_completion
-from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, validate_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
 from lemon_core.teachers import SweepConfig
 
 TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
@@ -134,7 +134,7 @@ def templated_spec(pool: CapacityPool, rng: random.Random, cfg: SFTConfig) -> Or
             update["role"] = rng.choice(ROLE_NAMES[a.base_role])
             update["duty"] = rng.choice(CUSTOM_DUTIES[a.base_role] + [BASE_ROLES[a.base_role]])
         agents.append(AgentSpec.model_validate({**a.model_dump(), **update}))
-    return validate_spec(OrchestrationSpec(agents=agents, output=spec.output), levels)
+    return validate_spec(renumber_agents(OrchestrationSpec(agents=agents, output=spec.output)), levels)
 
 
 def load_teacher(path: str | Path, pool: CapacityPool, spec_format: SpecFormat = "yaml") -> list[tuple[str, str]]:

@@ -636,6 +636,16 @@ _SpecDumper.add_representer(_FlowList, lambda dumper, value: dumper.represent_se
     "tag:yaml.org,2002:seq", value, flow_style=True))
 
 
+def renumber_agents(spec: OrchestrationSpec) -> OrchestrationSpec:
+    """The same team with ids a1, a2, ... in execution order (dependencies and output renamed with them):
+    the form a grammar with sequential ids writes (``grammar.spec_grammar(sequential_ids=True)``), so SFT
+    targets and constrained samples agree."""
+    new = {a.id: f"a{i}" for i, a in enumerate(spec.agents, start=1)}
+    agents = [a.model_copy(update={"id": new[a.id], "depends_on": [new[d] for d in a.depends_on]})
+              for a in spec.agents]
+    return OrchestrationSpec(agents=agents, output=new[spec.output])
+
+
 def render_spec(spec: OrchestrationSpec) -> str:
     """The spec as canonical step-structured YAML; parse_spec(render_spec(s)).spec == s."""
     data = {

@@ -167,6 +167,7 @@ def stage_rollout(
     from lemon_core.rollout import write_records
     from lemon_core.train import (
         TrainState,
+        constrain,
         load_policy,
         load_train_pool,
         make_strategy,
@@ -186,7 +187,7 @@ def stage_rollout(
     tasks = tasks_for_step(tasks, iteration, cfg.tasks_per_shard, tc.seed)
     ckpt = local_dir(checkpoint_uri)
     pool = load_train_pool(tc)
-    policy = load_policy(tc, str(ckpt))
+    policy = constrain(load_policy(tc, str(ckpt)), tc, pool.level_names)
     _attach_sampler(policy, ckpt, tc, pool)
     edit_sampler = new_edit_sampler(tc)
     edit_sampler.mean_abs_delta.update(sampler_state(ckpt))
@@ -271,7 +272,7 @@ def stage_evaluate(
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.evaluate import evaluate, evaluate_orchestrator
     from lemon_core.metrics import LemonMetrics
-    from lemon_core.train import load_policy, load_train_pool
+    from lemon_core.train import constrain, load_policy, load_train_pool
 
     tc = cfg.train
     manifest = read_manifest(manifest_uri)
@@ -291,7 +292,7 @@ def stage_evaluate(
             if not checkpoint_uri:
                 raise StageError(f"method {method!r} needs a checkpoint URI (the orchestrator to evaluate)")
             ckpt = local_dir(checkpoint_uri)
-            policy = load_policy(tc, str(ckpt))
+            policy = constrain(load_policy(tc, str(ckpt)), tc, pool.level_names)
             _attach_sampler(policy, ckpt, tc, pool)
             summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, out_dir=Path(tmp),
                                                max_new_tokens=tc.rollout.max_new_tokens, **common)

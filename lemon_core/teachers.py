@@ -26,7 +26,7 @@ from lemon_core import baselines
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, compute_reward
-from lemon_core.spec import AgentSpec, OrchestrationSpec, validate_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents, validate_spec
 
 SWEEP_TOPOLOGIES = ("cot", "chain", "sc")
 
@@ -90,10 +90,10 @@ def candidate_specs(pool: CapacityPool, cfg: SweepConfig) -> dict[str, Orchestra
     out: dict[str, OrchestrationSpec] = {}
     for name in cfg.topologies:
         for level in levels:
-            out[f"{name}@{level}"] = validate_spec(_topology(name, level), levels)
+            out[f"{name}@{level}"] = validate_spec(renumber_agents(_topology(name, level)), levels)
         if cfg.helpers_cheap and name != "cot" and len(levels) > 1:
             spec = _cheap_helpers(_topology(name, levels[-1]), levels[0], levels[-1])
-            out[f"{name}@{levels[0]}+{levels[-1]}"] = validate_spec(spec, levels)
+            out[f"{name}@{levels[0]}+{levels[-1]}"] = validate_spec(renumber_agents(spec), levels)
     return out
 
 

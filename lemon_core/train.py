@@ -125,6 +125,19 @@ def load_train_pool(cfg: TrainConfig, agent_max_tokens: int | None = None) -> Ca
     return pool
 
 
+def constrain(policy: OrchestratorPolicy, cfg: TrainConfig, levels: Sequence[str]) -> OrchestratorPolicy:
+    """With ``rollout.grammar``, the policy's own sampling writes only specs over ``levels`` (grammar.py);
+    SFT's valid-spec rate is measured before this, unconstrained."""
+    if cfg.rollout.grammar:
+        from lemon_core.grammar import spec_grammar
+        from lemon_core.spec import SpecLimits
+
+        limits = SpecLimits(max_agents=cfg.rollout.grammar_max_agents, max_role_chars=80,
+                            max_duty_chars=cfg.rollout.grammar_max_duty_chars)
+        policy.grammar = spec_grammar(levels, cfg.spec_format, limits, sequential_ids=True)
+    return policy
+
+
 def new_edit_sampler(cfg: TrainConfig) -> EditFamilySampler:
     return EditFamilySampler(floor=cfg.rollout.edit_floor, decay=cfg.rollout.edit_decay)
 
@@ -173,6 +186,8 @@ def build_state(
             ref_model = OrchestratorPolicy.load(reference or base, load_device, resolve_dtype(cfg)).model.eval()
             ref_model.requires_grad_(False)
     strategy.prepare(policy, ref_model)
+    pool = pool or load_train_pool(cfg)
+    constrain(policy, cfg, pool.level_names)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     warm = cfg.optim.warmup_steps
@@ -182,8 +197,8 @@ def build_state(
     if checkpoint is not None:
         step = restore_training_state(checkpoint, policy.model, optimizer, scheduler, edit_sampler,
                                       rank=rank, world_size=world_size, rng=restore_rng)
-    return TrainState(cfg, policy, ref_model, optimizer, scheduler, edit_sampler, strategy,
-                      pool or load_train_pool(cfg), step, rank, world_size)
+    return TrainState(cfg, policy, ref_model, optimizer, scheduler, edit_sampler, strategy, pool, step, rank,
+                      world_size)
 
 
 def attach_vllm_sampler(state: TrainState, base_model: str, out: Path) -> None:

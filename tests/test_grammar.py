@@ -134,8 +134,11 @@ def test_sequential_ids_admit_canonical_specs_and_refuse_other_ids(policy: Orche
     solve = dict(base_role="solver", duty="Solve: step by step.\nThen answer.", capacity="small")
     spec = OrchestrationSpec(agents=[AgentSpec(id="a1", role="Planner", **solve),
                                      AgentSpec(id="a2", role="Solver", depends_on=["a1"], **solve),
-                                     AgentSpec(id="a3", role="Judge", depends_on=["a1", "a2"], **solve)], output="a2")
+                                     AgentSpec(id="a3", role="Judge", depends_on=["a1", "a2"], **solve)], output="a3")
     assert grammar_accepts(policy.tokenizer, grammar, spec_completion(spec, spec_format))
+    # the output is the last agent: one that another agent reads (work thrown away) is not in the language
+    assert not grammar_accepts(policy.tokenizer, grammar, spec_completion(spec.model_copy(update={"output": "a2"}),
+                                                                         spec_format))
     renamed = spec.model_copy(update={"agents": [*spec.agents[:2], spec.agents[2].model_copy(update={"id": "judge"})]})
     reordered = spec.model_copy(update={"agents": [*spec.agents[:2], spec.agents[2].model_copy(
         update={"depends_on": ["a2", "a1"]})]})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 class BackendError(RuntimeError):
@@ -29,6 +29,7 @@ class GenerationRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    grammar: Any = None  # a grammar.SpecGrammar: the completion must be a spec of that language (orchestrator)
 
     @staticmethod
     def chat(

@@ -105,6 +105,8 @@ class OpenAIBackend:
         }
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.grammar is not None:  # vLLM >= 0.1x: `structured_outputs` (guided_* are ignored there)
+            body["structured_outputs"] = request.grammar.structured_outputs
         return body
 
     # --- internals ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -85,6 +86,17 @@ class TransformersBackend:
         """Weights are dropped with the object; nothing else to release."""
 
     # --- internals ----------------------------------------------------------------------------
+    def _grammar_processor(self, requests: Sequence[GenerationRequest]) -> Any:
+        """A ``grammar.SpecLogitsProcessor`` when the batch's requests carry grammars (all of them must)."""
+        grammars = [r.grammar for r in requests]
+        if all(g is None for g in grammars):
+            return None
+        if any(g is None for g in grammars):
+            raise BackendError("a batch mixes requests with and without a grammar; send them separately")
+        from lemon_core.grammar import SpecLogitsProcessor
+
+        return SpecLogitsProcessor(self.tokenizer, grammars, len(requests), eos_ids=sorted(self.eos_ids))
+
     def encode(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids: the chat template with the assistant turn opened."""
         ids = self.tokenizer.apply_chat_template(
@@ -109,6 +121,7 @@ class TransformersBackend:
         max_new = max(r.max_tokens for r in requests)
         new_tokens: list[list[int]] = [[] for _ in requests]
         done = [r.max_tokens <= 0 for r in requests]
+        grammar, seq = self._grammar_processor(requests), input_ids
 
         cache, step_ids = None, input_ids
         for _ in range(max_new):
@@ -120,6 +133,8 @@ class TransformersBackend:
             )                      # projection for every prompt token during prefill
             cache = res.past_key_values
             logits = res.logits[:, -1, :].float()
+            if grammar is not None:  # masks what the row's spec grammar forbids next
+                logits = grammar(seq, logits)
             next_ids = [
                 self.pad_id if done[row] else _pick(logits[row], requests[row], generators[row])
                 for row in range(n)
@@ -132,9 +147,12 @@ class TransformersBackend:
                 else:
                     new_tokens[row].append(tok)
                     done[row] = len(new_tokens[row]) >= requests[row].max_tokens
+                    if done[row] and grammar is not None:  # cut at max_tokens: the grammar stops following it
+                        grammar.finished[row] = True
             if all(done):
                 break
             step_ids = torch.tensor(next_ids, dtype=torch.long, device=self.device).unsqueeze(1)
+            seq = torch.cat([seq, step_ids.cpu()], 1)
             attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], 1)
 
         latency = (time.perf_counter() - t0) / n  # rows share one pass; charge each an equal share

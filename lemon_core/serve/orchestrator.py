@@ -118,11 +118,20 @@ class Orchestrator:
         self.settings = settings
         self.metrics = metrics
 
-    def request(self, task: str, seed: int, temperature: float) -> GenerationRequest:
+    def request(self, task: str, seed: int, temperature: float, max_agents: int | None = None) -> GenerationRequest:
         s = self.settings
         msgs = orchestrator_messages(task, self.pool, s.include_roles, s.include_format, s.spec_format)
+        grammar = None
+        if s.orchestrator_grammar:
+            from lemon_core.grammar import spec_grammar
+
+            text = s.orchestrator_grammar_max_text_chars
+            limits = SpecLimits(max_agents=max_agents or SpecLimits().max_agents, max_role_chars=min(text, 200),
+                                max_duty_chars=text)
+            grammar = spec_grammar(self.pool.level_names, s.spec_format, limits, sequential_ids=True)
         return GenerationRequest(messages=tuple((m["role"], m["content"]) for m in msgs),
-                                 max_tokens=s.orchestrator_max_tokens, temperature=temperature, seed=seed)
+                                 max_tokens=s.orchestrator_max_tokens, temperature=temperature, seed=seed,
+                                 grammar=grammar)
 
     def write_specs(self, jobs: Sequence[Job]) -> list[SpecOutcome]:
         s = self.settings
@@ -132,7 +141,8 @@ class Orchestrator:
                 [(s.seed, s.orchestrator_temperature), (s.seed + 1, s.resample_temperature)]):
             if not todo:
                 break
-            completions = self.backend.generate([self.request(jobs[i].task, seed, temperature) for i in todo])
+            completions = self.backend.generate(
+                [self.request(jobs[i].task, seed, temperature, jobs[i].max_agents) for i in todo])
             if len(completions) != len(todo):
                 raise RuntimeError(f"orchestrator backend returned {len(completions)} completions "
                                    f"for {len(todo)} requests")

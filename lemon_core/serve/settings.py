@@ -48,6 +48,16 @@ class ServeSettings(BaseSettings):
         "float32", description="weights dtype of an in-process orchestrator")
     orchestrator_max_tokens: int = Field(512, ge=1, le=32768, description="length cap of a written spec")
     orchestrator_temperature: float = Field(0.0, ge=0, le=2, description="first sample (0 = greedy)")
+    orchestrator_grammar: bool = Field(
+        True,
+        description="constrain the orchestrator to the spec grammar (lemon_core/grammar.py): in process through "
+        "a logits processor, over HTTP through vLLM's `structured_outputs` (guidance backend); ids are a1, a2, "
+        "... and the output is the last agent, so only graph rules and budgets can still make a spec invalid",
+    )
+    orchestrator_grammar_max_text_chars: int = Field(
+        300, ge=1, description="longest role/duty text under the grammar (a weak model's rambling duty would "
+        "otherwise run the spec past orchestrator_max_tokens)",
+    )
     resample_temperature: float = Field(0.7, ge=0, le=2, description="the re-sample after an invalid spec")
     include_roles: bool = Field(True, description="list the base-role library in the orchestrator prompt")
     include_format: bool = Field(True, description="show the YAML format + example in the prompt")
