@@ -15,8 +15,10 @@ of float32 logits exists at a time:
   exactly ``lm_head(hidden)`` (``decoder_and_head`` refuses models that soft-cap or scale logits) and
   that is not FSDP-sharded (the head would be called outside the root module's forward).
 
-With gradients enabled every block runs under activation checkpointing: only its inputs are kept and
-its float32 logits are recomputed in backward, so training gets the same memory bound.
+With gradients: in "hidden" mode every block runs under activation checkpointing (only its hidden
+states are kept; its logits are recomputed in backward), so training gets the same bound; in "logits"
+mode backward writes the logits' gradient block by block (one tensor the size of the logits, no
+float32 copies kept).
 ``rows_per_forward`` additionally runs the model on that many rows at a time (no-grad passes such as
 the old-log-prob pass over a whole rollout batch).
 """
@@ -63,23 +65,68 @@ def _run_block(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     return fn(*args)
 
 
-def target_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_tokens: int = 256) -> Tensor:
-    """log_softmax(logits / temperature)[targets] over the last dim, `chunk_tokens` tokens at a time.
+def target_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_tokens: int = 256, first: int = 0,
+) -> Tensor:
+    """log_softmax(logits[:, first + t] / temperature)[targets[:, t]], `chunk_tokens` tokens at a time.
 
-    logits [B, T, V] (any dtype, may be a strided view), targets [B, T] -> float32 [B, T]. Blocks run
-    along each row's time axis, so a sliced view is never copied whole.
+    logits [B, ≥ first + T, V] (any dtype), targets [B, T] -> float32 [B, T]. Positions outside
+    [first, first + T) are ignored, so the model's logits are passed whole (no sliced copy). With
+    gradients, backward writes d/dlogits = (onehot − softmax) / temperature block by block into one
+    tensor the size of logits: no float32 copy of the logits is kept for backward.
     """
     _check_chunk(chunk_tokens)
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} must share [B, T]")
-    rows = []
-    for b in range(targets.shape[0]):
-        blocks = [
-            _run_block(_block_logprobs, logits[b, t : t + chunk_tokens], targets[b, t : t + chunk_tokens], temperature)
-            for t in range(0, targets.shape[1], chunk_tokens)
-        ]
-        rows.append(torch.cat(blocks))
-    return torch.stack(rows)
+    if logits.ndim != 3 or targets.ndim != 2 or logits.shape[0] != targets.shape[0] \
+            or logits.shape[1] < first + targets.shape[1]:
+        raise ValueError(f"logits {tuple(logits.shape)} must cover targets {tuple(targets.shape)} from "
+                         f"position {first}: [B, >= first + T, V] and [B, T] must share [B, T]")
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _GatherLogprobs.apply(logits, targets, temperature, chunk_tokens, first)
+    return _blockwise(logits, targets, temperature, chunk_tokens, first)[0]
+
+
+def _blocks(targets: Tensor, chunk_tokens: int) -> list[tuple[int, slice]]:
+    """(row, time slice) blocks along each row's time axis: a block is a view, never a copy."""
+    return [(b, slice(t, t + chunk_tokens)) for b in range(targets.shape[0])
+            for t in range(0, targets.shape[1], chunk_tokens)]
+
+
+def _blockwise(logits: Tensor, targets: Tensor, temperature: float, chunk_tokens: int,
+               first: int) -> tuple[Tensor, Tensor]:
+    """(log-probs, logsumexp of logits / T) per target token, float32 [B, T] each, one block at a time."""
+    out = torch.empty(targets.shape, dtype=torch.float32, device=targets.device)
+    lse = torch.empty_like(out)
+    with torch.no_grad():
+        for b, ts in _blocks(targets, chunk_tokens):
+            z = logits[b, first + ts.start : first + min(ts.stop, targets.shape[1])].float() / temperature
+            lse[b, ts] = torch.logsumexp(z, dim=-1)
+            out[b, ts] = z.gather(-1, targets[b, ts].unsqueeze(-1)).squeeze(-1) - lse[b, ts]
+    return out, lse
+
+
+class _GatherLogprobs(torch.autograd.Function):
+    """target_logprobs with a blockwise backward: d logp_t / d z = onehot(target) − softmax(z), z = logits / T."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: float, chunk_tokens: int,
+                first: int) -> Tensor:
+        out, lse = _blockwise(logits, targets, temperature, chunk_tokens, first)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.settings = (temperature, chunk_tokens, first)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        logits, targets, lse = ctx.saved_tensors
+        temperature, chunk_tokens, first = ctx.settings
+        grad = torch.zeros_like(logits)
+        for b, ts in _blocks(targets, chunk_tokens):
+            rows = slice(first + ts.start, first + min(ts.stop, targets.shape[1]))
+            g_out = grad_out[b, ts].float().unsqueeze(-1)
+            p = torch.exp(logits[b, rows].float() / temperature - lse[b, ts].unsqueeze(-1))
+            g = (-p * g_out).scatter_add_(-1, targets[b, ts].unsqueeze(-1), g_out)
+            grad[b, rows] = (g / temperature).to(grad.dtype)
+        return grad, None, None, None, None
 
 
 def head_target_logprobs(
@@ -172,9 +219,10 @@ def _rows_logprobs(
         out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         hidden = out.last_hidden_state[:, start - 1 : -1]
         return head_target_logprobs(hidden, head, targets, temperature, chunk_tokens)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1)
-    return target_logprobs(out.logits[:, -(n_completion + 1) : -1], targets, temperature, chunk_tokens)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   logits_to_keep=n_completion + 1).logits
+    # the last n + 1 positions, of which the first n predict the completion (a model may ignore logits_to_keep)
+    return target_logprobs(logits, targets, temperature, chunk_tokens, first=logits.shape[1] - n_completion - 1)
 
 
 def _check_chunk(chunk_tokens: int) -> None:

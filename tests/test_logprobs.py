@@ -56,11 +56,15 @@ def test_target_logprobs_equal_full_log_softmax_for_any_chunk() -> None:
     for chunk in (1, 3, 7, 100):
         got = target_logprobs(logits, targets, 0.7, chunk_tokens=chunk)
         assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5, rtol=0)
-    # a strided view (the completion slice of a longer logits tensor) works without a whole copy
-    longer = torch.randn(3, 9, 50, generator=gen)
-    view = longer[:, 1:-1]
-    want = torch.log_softmax(view, -1).gather(-1, targets[..., None]).squeeze(-1)
-    assert torch.allclose(target_logprobs(view, targets, chunk_tokens=2), want, atol=1e-5, rtol=0)
+    # the model's whole logits with an offset (positions 1..7 of 9) - no sliced copy - and its gradient
+    longer = (torch.randn(3, 9, 50, generator=gen) * 3).requires_grad_()
+    want = torch.log_softmax(longer[:, 1:-1] / 0.7, -1).gather(-1, targets[..., None]).squeeze(-1)
+    got = target_logprobs(longer, targets, 0.7, chunk_tokens=2, first=1)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    weights = torch.randn(3, 7, generator=gen)
+    (want_grad,) = torch.autograd.grad((want * weights).sum(), longer)
+    (got_grad,) = torch.autograd.grad((got * weights).sum(), longer)
+    assert torch.allclose(got_grad, want_grad, atol=1e-6) and got_grad[:, [0, 8]].abs().max() == 0
     # bf16 logits are upcast per block, as the full float32 log_softmax would be
     half = logits.bfloat16()
     want = torch.log_softmax(half.float(), -1).gather(-1, targets[..., None]).squeeze(-1)
