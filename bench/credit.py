@@ -154,7 +154,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
                  eval_tasks=0),
         reward=dict(lambda_cost=args.lambda_cost),
         grpo=dict(kl_coef=0.0, cf_coef=0.0),
-        optim=dict(lr=args.lr, micro_batch_size=12),
+        optim=dict(lr=args.lr, micro_batch_size=12, epochs_per_batch=args.epochs),
     )
 
 
@@ -235,7 +235,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=16)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=20, help="GRPO steps per arm (the censoring horizon)")
+    ap.add_argument("--steps", type=int, default=12, help="GRPO steps per arm (the censoring horizon)")
     ap.add_argument("--window", type=int, default=3, help="steps averaged before comparing with 0.9 r*")
     ap.add_argument("--fraction", type=float, default=0.9, help="share of the optimal reward to reach")
     ap.add_argument("--tasks-per-step", type=int, default=2)
@@ -250,7 +250,9 @@ def main() -> None:
     ap.add_argument("--drop-uniform", action="store_true", help="GRPOConfig.drop_uniform_success_groups")
     ap.add_argument("--cf-coef", type=float, default=1.0)
     ap.add_argument("--lambda-cost", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--epochs", type=int, default=4,
+                    help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
     ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-seed", type=int, default=0, help="one SFT model for every seed and arm")
     ap.add_argument("--sft-cache", type=Path, default=None, help="folder to keep/reuse the SFT model in")

@@ -18,13 +18,12 @@ from lemon_core.grpo import (
     group_advantages,
     grpo_loss,
     k3_kl,
-    offsets_from_token_ids,
-    sequence_logprobs,
     span_mask_from_tokenizer,
     span_token_mask,
     token_advantages,
     uniform_success_rows,
 )
+from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs
 
 # ------------------------------------------------------------------ config
 
