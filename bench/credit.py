@@ -167,7 +167,7 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
         "iterations": args.steps,
         "sft": base.sft.model_copy(update={"enabled": False}),
         "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0}),
-        "grpo": GRPOConfig(kl_coef=0.0, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
+        "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
     })
     with patched(args.credit, families) as shim:
         result = train(cfg, examples=tasks, scorer=score)
@@ -251,7 +251,8 @@ def main() -> None:
     ap.add_argument("--cf-coef", type=float, default=1.0)
     ap.add_argument("--lambda-cost", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--epochs", type=int, default=4,
+    ap.add_argument("--kl", type=float, default=0.0, help="kl_coef: keeps the SFT model's valid YAML")
+    ap.add_argument("--epochs", type=int, default=1,
                     help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
     ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-seed", type=int, default=0, help="one SFT model for every seed and arm")
