@@ -251,7 +251,7 @@ def main() -> None:
     ap.add_argument("--cf-coef", type=float, default=1.0)
     ap.add_argument("--lambda-cost", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--kl", type=float, default=0.0, help="kl_coef: keeps the SFT model's valid YAML")
+    ap.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
     ap.add_argument("--epochs", type=int, default=1,
                     help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
     ap.add_argument("--sft-steps", type=int, default=400)

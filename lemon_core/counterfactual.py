@@ -15,8 +15,10 @@ and one family beyond the paper's three, off unless asked for (``families=ALL_FA
 - ``capacity_upgrade``: move one agent one capacity level up (span: the capacity value). Without it a
   ``small`` agent is never probed - downgrades only point cheaper - so a policy that collapsed to
   ``small`` everywhere gets no span signal that one of its agents needs more capacity.
-  Off by default: on bench/credit.py (solve_check, 4 seeds) it did not reach the optimum sooner
-  than the paper's three families (see the bench's docstring for the figures).
+  Off by default because no measurement has shown a gain yet: in the short CPU runs of
+  bench/credit.py (solve_check, seed 0, 12 steps) neither edit set brought the tiny policy to 90% of
+  the optimum (both censored; final reward -0.40 with it vs -0.43 without, 4 epochs per batch, one
+  seed - noise). Turn it on (``families=ALL_FAMILIES``) where a collapse to the cheapest level is a risk.
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
