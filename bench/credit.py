@@ -30,9 +30,11 @@ T 0.7, SFT 400 steps -> valid 1.0 at step 1, r* = 0.684): every run of both arms
 final reward grpo -0.19 ± 0.41, grpo+cf 0.23 ± 0.08 (s.e.); optimal share 0.03 vs 0.06 (1/9 at the
 start). The tiny policy does not learn the capacity pair within 12 steps, and single updates
 sometimes wreck its YAML (valid 1.0 -> 0.0 within a step in 2 of 6 runs); lr 1e-3 (with or without
-kl 0.1) or 4 epochs per batch made that the rule. So issue #10's ratio target is NOT shown yet: run
-the full bench with a longer horizon (--steps 40+) where CPU time allows, e.g. one seed per process
-with --sft-cache and --json, then --merge.
+kl 0.1) or 4 epochs per batch made that the rule. 30 steps (seeds 0 and 3) were censored too: seed 0
+final -0.13 vs -0.07, optimal share 0.03 vs 0.11; seed 3 lost validity in both arms. So issue #10's
+ratio target is NOT shown: the policy's YAML validity, not credit, limits this setup; a stabler
+update (lower lr over more steps, or a larger tiny model) is needed before the ratio means anything.
+Run one seed per process with --sft-cache and --json, then --merge.
 
     OMP_NUM_THREADS=1 python bench/credit.py [--seeds 16] [--steps 12] [--families paper|all]
     python bench/credit.py --merge run0.json run1.json ...
