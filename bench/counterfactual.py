@@ -17,7 +17,7 @@ import time
 
 from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import get
-from lemon_core.counterfactual import EditFamilySampler, counterfactual_edits
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, EditFamilySampler, counterfactual_edits
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
@@ -30,7 +30,9 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=200)
     ap.add_argument("--edits", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--families", choices=["paper", "all"], default="paper", help="all: + capacity_upgrade")
     args = ap.parse_args()
+    families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
     pool = load_pool("simulated")
     tasks = get("multiarith").load(None, args.specs)
     register_examples(tasks)
@@ -38,11 +40,11 @@ def main() -> None:
     parsed = [parse_spec(spec_completion(templated_spec(pool, rng, SFTConfig())), pool) for _ in tasks]
     cache = ExecutionCache()
     execute_specs([p.spec for p in parsed], tasks, pool, cache=cache, seed=args.seed)
-    sampler = EditFamilySampler()
+    sampler = EditFamilySampler(families=families)
     jobs = [
         (t, e)
         for t, p in zip(tasks, parsed, strict=True)
-        for e in sampler.sample(counterfactual_edits(p, pool), args.edits, rng)
+        for e in sampler.sample(counterfactual_edits(p, pool, families), args.edits, rng)
     ]
     t0 = time.perf_counter()
     cached = execute_specs([e.spec for _, e in jobs], [t for t, _ in jobs], pool, cache=cache, seed=args.seed)

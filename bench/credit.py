@@ -1,39 +1,57 @@
-"""Ablation: GRPO only vs GRPO + localized counterfactual credit, same budget, simulated pool.
+"""Credit assignment benchmark: steps to 90% of the optimal reward, GRPO only vs GRPO + localized counterfactual.
 
-A tiny local policy is SFT-warmed on one-agent specs whose capacity is uniform over
-small/medium/large (a tiny random model cannot learn longer specs in a CPU-minute), so the choice
-left to learn is the capacity field. On MultiArith the known optimum is `small` everywhere.
-Both arms use the same seed, SFT model,
-number of GRPO steps, tasks and samples; the counterfactual arm additionally re-executes K
-capacity/dependency/duty edits per spec (cheap: node cache) and puts Delta on the edited span,
-scaled by --cf-scale (GRPOConfig.cf_delta_scale) and clipped to --cf-clip.
-Prints, per seed, the final reward of both arms (mean rollout reward of the last 3 steps, held-out
-eval reward, mean reward of the valid specs, share of `small`/`large` capacity, valid rate), their
-mean over seeds, and as the last line ratio=<seed-mean cf final / seed-mean grpo-only final>.
+The task family is ``solve_check`` on the simulated pool (lemon_core/backends/simulated.py): a
+solver -> checker spec whose optimum needs DIFFERENT capacities for its two agents - a `large` solver
+(solving needs capacity) with a `small` checker (a checker keeps a right answer at any size and fixes a
+wrong one rarely at every size). A tiny local policy is SFT-warmed on solver -> checker specs whose two
+capacities are uniform over the 9 pairs, so what is left to learn is which capacity goes to which agent.
+The group advantage rewards a whole spec; only the span term can say "the solver's `large` was right,
+the checker's `medium` was not".
 
-What the counterfactual term can do here: with a one-agent spec the only edits are the capacity
-downgrade (large -> medium, medium -> small; `small` has none) and the duty rollback. On MultiArith
-every level is right ~always, so a downgrade keeps success and saves price: Δ = r(large) − r(medium)
-≈ −0.31 and r(medium) − r(small) ≈ −0.05 at lambda_cost=1 (Δ < 0: the cheaper edit was better, so
-the `large`/`medium` tokens are pushed down). Raw |Δ|·Δ ≈ −0.1 is small next to a group advantage
-~ ±1; divided by the group's reward std (~0.15-0.3), Δ̃ ≈ −1 to −2, comparable to it.
-But the final reward here is dominated by spec validity (an invalid spec scores −1, a valid one
-~1.0 ± 0.05 by capacity), which only the group advantage addresses, so expect the ratio to move
-little; valid_reward and small_share show what the span term itself changes. Measured (seeds 0-15,
-10 steps, group_std, clip 2): final 0.457 -> 0.438 (ratio 0.96, diff −0.018 ± 0.028 se),
-valid_reward +0.005 ± 0.003, small_share 0.62 -> 0.66; with --cf-scale none 10 of 14 seeds were
-identical to GRPO-only.
+Per seed, SFT runs once; both arms start from that model and differ only in the counterfactual term:
+the same tasks, samples per task, steps, optimizer and advantage function. The GRPO arm samples no
+edits (K = 0, cf_coef = 0); the counterfactual arm re-executes K edits per spec (node cache) and puts
+their contrast on the edited span's tokens.
 
-    OMP_NUM_THREADS=1 python bench/credit.py [--steps 10] [--seeds 2] [--cf-scale group_std] [--cf-clip 2]
+Metric: the first step at which the mean rollout reward, averaged over the last --window steps, reaches
+90% of the optimal reward r* (the expected reward of the optimal spec, measured on the pool). A run that
+never gets there counts as --steps + 1 (censored; the number censored is printed). Printed per seed and
+as mean ± s.e. over seeds, plus the share of specs at the optimum in the last steps; last line
+ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75).
+
+SHIM (until the integrator wires it into lemon_core/train.py): ``--credit calibrated`` (default)
+replaces ``lemon_core.train.record_advantages`` with ``grpo.credit_advantages`` for the run, and
+``--families all`` makes rollouts list and sample ``capacity_upgrade`` edits (patching
+``lemon_core.rollout.counterfactual_edits`` and ``lemon_core.train.EditFamilySampler``). Both patches
+are undone after every arm. ``--credit legacy`` runs train.py's own advantages unchanged.
+
+Measured here (2 shared CPU cores, so only a small version; seeds 0-2, 12 steps, lr 5e-4, kl 0.04,
+T 0.7, SFT 400 steps -> valid 1.0 at step 1, r* = 0.684): every run of both arms censored, ratio=1.000;
+final reward grpo -0.19 ± 0.41, grpo+cf 0.23 ± 0.08 (s.e.); optimal share 0.03 vs 0.06 (1/9 at the
+start). The tiny policy does not learn the capacity pair within 12 steps, and single updates
+sometimes wreck its YAML (valid 1.0 -> 0.0 within a step in 2 of 6 runs); lr 1e-3 (with or without
+kl 0.1) or 4 epochs per batch made that the rule. 30 steps (seeds 0 and 3) were censored too: seed 0
+final -0.13 vs -0.07, optimal share 0.03 vs 0.11; seed 3 lost validity in both arms. So issue #10's
+ratio target is NOT shown: the policy's YAML validity, not credit, limits this setup; a stabler
+update (lower lr over more steps, or a larger tiny model) is needed before the ratio means anything.
+Run one seed per process with --sft-cache and --json, then --merge.
+
+    OMP_NUM_THREADS=1 python bench/credit.py [--seeds 16] [--steps 12] [--families paper|all]
+    python bench/credit.py --merge run0.json run1.json ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import math
+import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -41,131 +59,258 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
-from lemon_core.baselines import cot  # noqa: E402
+import lemon_core.rollout as rollout_module  # noqa: E402
+import lemon_core.train as train_module  # noqa: E402
+from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, EditFamilySampler, counterfactual_edits  # noqa: E402
+from lemon_core.executor import execute_specs  # noqa: E402
+from lemon_core.grpo import GRPOConfig, credit_advantages, span_token_mask  # noqa: E402
 from lemon_core.policy import spec_completion  # noqa: E402
+from lemon_core.pool import load_pool  # noqa: E402
+from lemon_core.reward import RewardConfig, compute_reward  # noqa: E402
+from lemon_core.rollout import RolloutRecord  # noqa: E402
+from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
 from lemon_core.train import TrainConfig, train  # noqa: E402
 
 LEVELS = ("small", "medium", "large")
+OPTIMUM = ("large", "small")  # (solver, checker): tests/test_simulated_pool.py checks it is the best pair
+FAMILY = "solve_check"
 
 
-def run_arm(
-    model: Path,
-    work: Path,
-    tasks: list[Example],
-    teacher: Path,
-    steps: int,
-    seed: int,
-    cf: bool,
-    cf_coef: float = 1.0,
-    cf_scale: str = "group_std",
-    cf_clip: float | None = 2.0,
-    lambda_cost: float = 1.0,
-) -> dict:
-    cfg = TrainConfig(
-        model=str(model),
-        pool="simulated",
-        out=str(work / f"{'cf' if cf else 'grpo'}-{seed}"),
-        seed=seed,
-        include_roles=False,
-        include_format=False,
-        iterations=steps,
-        tasks_per_iteration=2,
-        checkpoint_every=1000,
-        progress=False,
+def solve_check_spec(solver: str, checker: str) -> OrchestrationSpec:
+    """A solver -> checker spec with one capacity per agent; short duties, so a tiny model learns it fast."""
+    return OrchestrationSpec(agents=[
+        AgentSpec(id="a1", role="Solver", base_role="solver", duty="Solve it.", capacity=solver),
+        AgentSpec(id="a2", role="Checker", base_role="verifier", duty="Check it.", capacity=checker,
+                  depends_on=["a1"]),
+    ], output="a2")
+
+
+def make_tasks(n: int) -> list[Example]:
+    return [
+        Example(id=f"sc{i}", benchmark=FAMILY, question=f"Tom has {i + 2} apples and gets {2 * i + 1} more. How many?",
+                answer=str(3 * i + 3), answer_format="Answer with a number.")
+        for i in range(n)
+    ]
+
+
+def score(answer: str, ex: Example) -> float:
+    return float(answer.strip().endswith(f" {ex.answer}."))
+
+
+def optimal_reward(tasks: Sequence[Example], reward: RewardConfig, draws: int = 30) -> float:
+    """r*: mean reward of the optimal spec over the tasks and `draws` execution seeds (the pool is random)."""
+    pool = load_pool("simulated")
+    spec = solve_check_spec(*OPTIMUM)
+    rewards = []
+    for seed in range(draws):
+        traces = execute_specs([spec] * len(tasks), list(tasks), pool, seed=1000 + seed)
+        rewards += [compute_reward(score(t.answer, ex), t, reward).total for t, ex in zip(traces, tasks, strict=True)]
+    return statistics.fmean(rewards)
+
+
+# --- the shim: calibrated credit and edit families inside lemon_core.train.train() -----------------
+class CreditShim:
+    """record_advantages(records, cfg) via grpo.credit_advantages; also logs what the policy wrote."""
+
+    def __init__(self) -> None:
+        self.optimal_share: list[float] = []  # per update: share of valid specs at (large, small)
+        self.dropped: list[int] = []
+
+    def __call__(self, records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
+        credit = credit_advantages(
+            [r.reward.total for r in records],
+            [(r.step, r.task_id) for r in records],
+            [r.score if r.valid else None for r in records],
+            [len(r.completion_ids) for r in records],
+            [[(span_token_mask(r.offsets, e.span), e.delta, e.family) for e in r.edits if e.span[1] > e.span[0]]
+             for r in records],
+            cfg,
+        )
+        self.dropped.append(credit.dropped_groups)
+        self.optimal_share.append(_optimal_share(records))
+        return credit.advantages
+
+
+def _optimal_share(records: Sequence[RolloutRecord]) -> float:
+    specs = [r.spec for r in records if r.valid and r.spec is not None]
+    hits = sum(1 for s in specs if tuple(a["capacity"] for a in s["agents"]) == OPTIMUM)
+    return hits / len(records) if records else 0.0
+
+
+@contextlib.contextmanager
+def patched(credit: str, families: Sequence[str]) -> Iterator[CreditShim]:
+    """Install the shim for one train() call and undo it afterwards (see the module docstring)."""
+    shim = CreditShim()
+    saved = (train_module.record_advantages, rollout_module.counterfactual_edits, train_module.EditFamilySampler)
+    if credit == "calibrated":
+        train_module.record_advantages = shim
+    rollout_module.counterfactual_edits = functools.partial(counterfactual_edits, families=families)
+    train_module.EditFamilySampler = functools.partial(EditFamilySampler, families=families)
+    try:
+        yield shim
+    finally:
+        train_module.record_advantages, rollout_module.counterfactual_edits, train_module.EditFamilySampler = saved
+
+
+# --- one run ---------------------------------------------------------------------------------------
+def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, teacher: Path) -> TrainConfig:
+    return TrainConfig(
+        model=str(model), pool="simulated", out=str(out), seed=seed, include_roles=False, include_format=False,
+        iterations=0, tasks_per_iteration=args.tasks_per_step, checkpoint_every=1000, progress=False,
         save_rollouts=False,
-        rollout=dict(group_size=6, edits_per_spec=2 if cf else 0, max_new_tokens=128),
-        sft=dict(
-            steps=150, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher), eval_tasks=0
-        ),
-        reward=dict(lambda_cost=lambda_cost),
-        grpo=dict(kl_coef=0.0, cf_coef=cf_coef if cf else 0.0, cf_delta_scale=cf_scale, cf_clip=cf_clip),
-        optim=dict(lr=3e-4, micro_batch_size=12),
+        rollout=dict(group_size=args.group_size, edits_per_spec=0, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature),
+        sft=dict(steps=args.sft_steps, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher),
+                 eval_tasks=0),
+        reward=dict(lambda_cost=args.lambda_cost),
+        grpo=dict(kl_coef=0.0, cf_coef=0.0),
+        optim=dict(lr=args.lr, micro_batch_size=12, epochs_per_batch=args.epochs),
     )
-    result = train(
-        cfg,
-        examples=(tasks[:6], tasks[6:]),
-        scorer=lambda answer, ex: float(answer.strip().endswith(f" {ex.answer}.")),
-    )
-    tail = result.metrics[-3:]
-    invalid = cfg.reward.invalid_penalty
-    return {
-        "final_reward": statistics.fmean(m["reward/mean"] for m in tail),
-        # mean reward of the valid specs only: the capacity choice, without the validity noise
-        "valid_reward": _mean_or_none(
-            [(m["reward/mean"] - (1 - m["valid_rate"]) * invalid) / m["valid_rate"] for m in tail if m["valid_rate"]]
-        ),
-        "eval_reward": result.metrics[-1].get("eval/reward"),
-        "small_share": statistics.fmean(m.get("capacity/small", 0.0) for m in tail),
-        "valid_rate": statistics.fmean(m["valid_rate"] for m in tail),
-        "large_share": statistics.fmean(m.get("capacity/large", 0.0) for m in tail),
-    }
+
+
+def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
+            args: argparse.Namespace) -> dict:
+    families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
+    cfg = base.model_copy(update={
+        "model": str(sft_model),
+        "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
+        "iterations": args.steps,
+        "sft": base.sft.model_copy(update={"enabled": False}),
+        "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0}),
+        "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
+    })
+    with patched(args.credit, families) as shim:
+        result = train(cfg, examples=tasks, scorer=score)
+    curve = [m["reward/mean"] for m in result.metrics]
+    return {"curve": curve, "optimal_share": shim.optimal_share, "valid": [m["valid_rate"] for m in result.metrics]}
+
+
+def _credit_overrides(args: argparse.Namespace) -> dict:
+    if args.credit == "legacy":
+        return {}
+    return {"std_floor": args.std_floor, "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
+            "drop_uniform_success_groups": args.drop_uniform}
+
+
+def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
+    """First 1-based step whose trailing `window`-step mean reward >= target; len(curve) + 1 if never."""
+    for i in range(len(curve)):
+        recent = curve[max(0, i - window + 1) : i + 1]
+        if len(recent) == window and statistics.fmean(recent) >= target:
+            return i + 1
+    return len(curve) + 1
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    m = statistics.fmean(values)
+    return m, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan"))
+
+
+def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
+             where: Path) -> tuple[Path, TrainConfig]:
+    """The SFT-warmed model every arm and seed starts from (reused from `where` if already there)."""
+    base = base_config(model, where, args.sft_seed, args, teacher)
+    if not (where / "sft-model").exists():
+        train(base, examples=(train_tasks, eval_tasks), scorer=score)  # iterations=0: SFT only
+    return where / "sft-model", base
+
+
+def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
+    summary = {}
+    for name, runs in results.items():
+        reached = [r["steps_to_target"] for r in runs]
+        m, se = mean_se(reached)
+        censored = sum(s > steps for s in reached)
+        final = mean_se([statistics.fmean(r["curve"][-window:]) for r in runs])
+        share = mean_se([statistics.fmean(r["optimal_share"][-window:]) for r in runs])
+        summary[name] = m
+        print(f"{name:8s} steps_to_90%={m:.2f} ± {se:.2f} (s.e., n={len(reached)}, censored={censored}) "
+              f"final_reward={final[0]:.3f} ± {final[1]:.3f} optimal_share={share[0]:.2f} ± {share[1]:.2f}")
+    print(f"ratio={summary['grpo+cf'] / summary['grpo']:.3f}")
+
+
+def merge(paths: Sequence[Path]) -> None:
+    """Summarise several --json outputs (e.g. one seed per process) as one run."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
+    for d in docs:
+        for name in results:
+            results[name] += d["results"][name]
+    steps, window = docs[0]["args"]["steps"], docs[0]["args"]["window"]
+    print(f"merged {len(paths)} files: r*={docs[0]['r_star']:.3f} steps={steps}")
+    summarize(results, steps, window)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--cf-coef", type=float, default=1.0, help="beta of the counterfactual term")
-    ap.add_argument("--cf-scale", choices=["none", "group_std"], default="group_std",
-                    help="unit of Delta (GRPOConfig.cf_delta_scale)")
-    ap.add_argument("--cf-clip", type=float, default=2.0, help="clip of the scaled Delta; <= 0 means no clip")
+    ap.add_argument("--seeds", type=int, default=16)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--lambda-cost", type=float, default=1.0, help="price weight of the reward (RewardConfig)")
+    ap.add_argument("--steps", type=int, default=12, help="GRPO steps per arm (the censoring horizon)")
+    ap.add_argument("--window", type=int, default=3, help="steps averaged before comparing with 0.9 r*")
+    ap.add_argument("--fraction", type=float, default=0.9, help="share of the optimal reward to reach")
+    ap.add_argument("--tasks-per-step", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=6)
+    ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
+    ap.add_argument("--families", choices=["paper", "all"], default="paper",
+                    help="edit families: the paper's three, or all (adds capacity_upgrade)")
+    ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
+                    help="calibrated: grpo.credit_advantages (shim); legacy: train.py's record_advantages")
+    ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)
+    ap.add_argument("--cf-max-ratio", type=float, default=GRPOConfig().cf_max_ratio, help="<= 0: no cap")
+    ap.add_argument("--drop-uniform", action="store_true", help="GRPOConfig.drop_uniform_success_groups")
+    ap.add_argument("--cf-coef", type=float, default=1.0)
+    ap.add_argument("--lambda-cost", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
+    ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--sft-seed", type=int, default=0, help="one SFT model for every seed and arm")
+    ap.add_argument("--sft-cache", type=Path, default=None, help="folder to keep/reuse the SFT model in")
+    ap.add_argument("--max-new-tokens", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="sampling temperature: < 1 keeps the long YAML valid; a uniform capacity choice stays uniform")
+    ap.add_argument("--json", type=Path, default=None, help="also write every curve here")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="only summarise these --json files")
     args = ap.parse_args()
-    cf_clip = args.cf_clip if args.cf_clip > 0 else None
+    if args.merge:
+        return merge(args.merge)
     torch.set_num_threads(1)
-    tasks = [
-        Example(
-            id=f"t{i}",
-            benchmark="multiarith",
-            question=f"Tom has {i + 2} apples and gets {2 * i + 1} more. How many?",
-            answer=str(3 * i + 3),
-            answer_format="Answer with a number.",
-        )
-        for i in range(8)
-    ]
+
+    tasks = make_tasks(8)
+    train_tasks, eval_tasks = tasks[:6], tasks[6:]
+    register_examples(tasks)
+    r_star = optimal_reward(train_tasks, RewardConfig(lambda_cost=args.lambda_cost))
+    target = args.fraction * r_star
+    print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} steps={args.steps} "
+          f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
+    results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_tiny_chat_model(work / "tiny", seed=0)
         teacher = work / "teacher.jsonl"
-        rows = [
-            json.dumps({"question": t.question, "spec": spec_completion(cot(lv))})
-            for t in tasks[:6]
-            for lv in LEVELS
-        ]
+        rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(s, c))})
+                for t in train_tasks for s in LEVELS for c in LEVELS]
         teacher.write_text("\n".join(rows) + "\n")
-        arms: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
-        ratios = []
-        print(f"cf_coef={args.cf_coef} cf_scale={args.cf_scale} cf_clip={cf_clip} steps={args.steps} "
-              f"lambda_cost={args.lambda_cost}", flush=True)
+        sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft")
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            base = run_arm(model, work, tasks, teacher, args.steps, seed, cf=False, lambda_cost=args.lambda_cost)
-            cf = run_arm(model, work, tasks, teacher, args.steps, seed, cf=True, cf_coef=args.cf_coef,
-                         cf_scale=args.cf_scale, cf_clip=cf_clip, lambda_cost=args.lambda_cost)
-            for name, run in (("grpo", base), ("grpo+cf", cf)):
-                arms[name].append(run)
-                print(f"seed={seed} {name:8s} " + _fmt(run), flush=True)
-            ratios.append(cf["final_reward"] / base["final_reward"])
-            print(f"seed={seed} ratio={ratios[-1]:.3f}", flush=True)
-    means = {}
-    for name, runs in arms.items():
-        means[name] = {k: _mean_or_none([r[k] for r in runs if r[k] is not None]) for k in runs[0]}
-        print(f"mean     {name:8s} " + _fmt(means[name]))
-    # the ratio of the seed means, not the mean of per-seed ratios: a seed whose baseline final is near 0
-    # (many invalid specs) would blow its own ratio up
-    print(f"mean_of_seed_ratios={statistics.fmean(ratios):.3f}")
-    if means["grpo"]["final_reward"] <= 0:
-        print("note: the grpo-only mean final reward is <= 0 (mostly invalid specs): the ratio is not meaningful")
-    print(f"ratio={means['grpo+cf']['final_reward'] / means['grpo']['final_reward']:.3f}")
-
-
-def _mean_or_none(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _fmt(run: dict) -> str:
-    return " ".join(f"{k}={v:.3f}" for k, v in run.items() if v is not None)
+            random.seed(seed)
+            seeded = base.model_copy(update={"seed": seed, "out": str(work / f"run-{seed}" / "x")})
+            for name, cf in (("grpo", False), ("grpo+cf", True)):
+                run = run_arm(sft_model, seeded, (train_tasks, eval_tasks), cf, args)
+                run["steps_to_target"] = steps_to_reach(run["curve"], target, args.window)
+                results[name].append(run)
+                print(f"seed={seed} {name:8s} steps_to_target={run['steps_to_target']:3d} "
+                      f"final={statistics.fmean(run['curve'][-args.window:]):.3f} "
+                      f"optimal_share={statistics.fmean(run['optimal_share'][-args.window:]):.2f} "
+                      f"valid={statistics.fmean(run['valid'][-args.window:]):.2f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"r_star": r_star, "args": {k: str(v) if isinstance(v, Path) else v
+                                                                     for k, v in vars(args).items()},
+                                         "results": results}, indent=1))
+    summarize(results, args.steps, args.window)
 
 
 if __name__ == "__main__":

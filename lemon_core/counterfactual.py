@@ -10,14 +10,25 @@ Families:
 - ``duty_rollback``: replace a customised duty by its base role's default duty (span: the duty).
 - ``capacity_downgrade``: move one agent one capacity level down (span: the capacity value).
 
+and one family beyond the paper's three, off unless asked for (``families=ALL_FAMILIES``):
+
+- ``capacity_upgrade``: move one agent one capacity level up (span: the capacity value). Without it a
+  ``small`` agent is never probed - downgrades only point cheaper - so a policy that collapsed to
+  ``small`` everywhere gets no span signal that one of its agents needs more capacity.
+  Off by default because no measurement has shown a gain yet: in the short CPU runs of
+  bench/credit.py (solve_check, seed 0, 12 steps) neither edit set brought the tiny policy to 90% of
+  the optimum (both censored; final reward -0.40 with it vs -0.43 without, 4 epochs per batch, one
+  seed - noise). Turn it on (``families=ALL_FAMILIES``) where a collapse to the cheapest level is a risk.
+
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
-(an exponential moving average), mixed with a uniform floor so no family is ever starved.
+(an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
+samples its ``families``; ``counterfactual_edits(parsed, pool, sampler.families)`` lists just those.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -30,6 +41,14 @@ class EditFamily(StrEnum):
     drop_dependency = "drop_dependency"
     duty_rollback = "duty_rollback"
     capacity_downgrade = "capacity_downgrade"
+    capacity_upgrade = "capacity_upgrade"
+
+
+PAPER_FAMILIES: tuple[EditFamily, ...] = (
+    EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_downgrade,
+)
+ALL_FAMILIES: tuple[EditFamily, ...] = tuple(EditFamily)
+DEFAULT_FAMILIES = PAPER_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -48,8 +67,33 @@ def _replace_agent(spec: OrchestrationSpec, agent_id: str, **update: object) -> 
     return OrchestrationSpec(agents=agents, output=spec.output)
 
 
-def counterfactual_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[CounterfactualEdit]:
-    """Every possible single-field edit of ``parsed.spec`` in the three families."""
+def upgrade(pool: CapacityPool, name: str) -> str | None:
+    """The next dearer level (levels are listed cheapest first), or None if ``name`` is the dearest."""
+    names = pool.level_names
+    i = names.index(pool.level(name).name)
+    return names[i + 1] if i + 1 < len(names) else None
+
+
+def parse_families(names: Collection[str | EditFamily]) -> tuple[EditFamily, ...]:
+    """Edit families from config strings, with an error naming the valid ones."""
+    try:
+        families = tuple(dict.fromkeys(EditFamily(n) for n in names))
+    except ValueError as e:
+        raise ValueError(f"edit families {list(names)!r}: {e}; use some of {[f.value for f in EditFamily]}") from e
+    if not families:
+        raise ValueError(f"edit families is empty; use some of {[f.value for f in EditFamily]} (or edits_per_spec: 0)")
+    return families
+
+
+def counterfactual_edits(
+    parsed: ParsedSpec, pool: CapacityPool, families: Collection[str | EditFamily] = DEFAULT_FAMILIES,
+) -> list[CounterfactualEdit]:
+    """Every possible single-field edit of ``parsed.spec`` in ``families`` (default: the paper's three)."""
+    wanted = set(parse_families(families))
+    return [e for e in _all_edits(parsed, pool) if e.family in wanted]
+
+
+def _all_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[CounterfactualEdit]:
     spec, spans = parsed.spec, parsed.spans
     edits: list[CounterfactualEdit] = []
     for agent in spec.agents:
@@ -73,36 +117,56 @@ def counterfactual_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[Counter
                 _replace_agent(spec, agent.id, capacity=lower),
                 f"{agent.id}: capacity {agent.capacity} -> {lower}",
             ))
+        higher = upgrade(pool, agent.capacity)
+        if higher is not None:
+            edits.append(CounterfactualEdit(
+                EditFamily.capacity_upgrade, agent.id, spans[(agent.id, "capacity")],
+                _replace_agent(spec, agent.id, capacity=higher),
+                f"{agent.id}: capacity {agent.capacity} -> {higher}",
+            ))
     return edits
 
 
 class EditFamilySampler:
-    """Adaptive choice of edit families: p(f) = floor/F + (1 - floor) * ema|Delta|_f / sum ema|Delta|."""
+    """Adaptive choice of edit families: p(f) = floor/F + (1 - floor) * ema|Delta|_f / sum ema|Delta|.
 
-    def __init__(self, floor: float = 0.2, decay: float = 0.9, initial: float = 1.0) -> None:
+    Only ``families`` are ever sampled (default: the paper's three; ``ALL_FAMILIES`` adds
+    ``capacity_upgrade``). ``mean_abs_delta`` keeps an entry for every family so checkpoints have one
+    shape; a family missing from a restored dict (an older checkpoint) starts at ``initial``.
+    """
+
+    def __init__(
+        self, floor: float = 0.2, decay: float = 0.9, initial: float = 1.0,
+        families: Collection[str | EditFamily] = DEFAULT_FAMILIES,
+    ) -> None:
         if not 0 <= floor <= 1:
             raise ValueError(f"floor must be in [0, 1], got {floor}")
         self.floor = floor
         self.decay = decay
+        self.initial = initial
+        self.families = parse_families(families)
         self.mean_abs_delta = {f: initial for f in EditFamily}
 
     def probabilities(self, families: Sequence[EditFamily] | None = None) -> dict[EditFamily, float]:
-        fams = list(families) if families is not None else list(EditFamily)
-        total = sum(self.mean_abs_delta[f] for f in fams)
+        fams = list(families) if families is not None else list(self.families)
+        ema = {f: self.mean_abs_delta.get(f, self.initial) for f in fams}
+        total = sum(ema.values())
         return {
-            f: self.floor / len(fams)
-            + (1 - self.floor) * (self.mean_abs_delta[f] / total if total > 0 else 1 / len(fams))
+            f: self.floor / len(fams) + (1 - self.floor) * (ema[f] / total if total > 0 else 1 / len(fams))
             for f in fams
         }
 
     def update(self, family: EditFamily, delta: float) -> None:
-        self.mean_abs_delta[family] = self.decay * self.mean_abs_delta[family] + (1 - self.decay) * abs(delta)
+        old = self.mean_abs_delta.get(family, self.initial)
+        self.mean_abs_delta[family] = self.decay * old + (1 - self.decay) * abs(delta)
 
     def sample(self, edits: Sequence[CounterfactualEdit], k: int, rng: random.Random) -> list[CounterfactualEdit]:
-        """Up to ``k`` distinct edits: pick a family by probability, then an edit of it uniformly."""
+        """Up to ``k`` distinct edits of this sampler's families: pick a family by probability, then an
+        edit of it uniformly. Edits of other families are ignored."""
         by_family: dict[EditFamily, list[CounterfactualEdit]] = {}
         for e in edits:
-            by_family.setdefault(e.family, []).append(e)
+            if e.family in self.families:
+                by_family.setdefault(e.family, []).append(e)
         chosen: list[CounterfactualEdit] = []
         while len(chosen) < k and by_family:
             probs = self.probabilities(list(by_family))

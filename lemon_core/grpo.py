@@ -3,12 +3,20 @@
 For one task the policy samples a group of G specs o_1..o_G with rewards r_1..r_G. Every token t of
 completion i gets the advantage
 
-    A_{i,t} = Â_i + Σ_k  m_{i,k,t} · β · |Δ̃_{i,k}| · Δ̃_{i,k}
+    A_{i,t} = Â_i + clip(S_{i,t}, −C_i, C_i)
+    S_{i,t} = Σ_k  m_{i,k,t} · β · |Δ̃_{i,k}| · Δ̃_{i,k}     the span (counterfactual) term
 
-    Â_i       = (r_i − mean(r)) / (σ + ε),  σ = std(r)   group-relative advantage (GRPO)
+    Â_i       = (r_i − mean(r)) / (max(σ, σ_min) + ε),  σ = std(r)   group-relative advantage (GRPO)
     Δ_{i,k}   = r_i − r(edit_k(o_i))                     reward contrast of counterfactual edit k
     Δ̃_{i,k}   = clip(Δ_{i,k} / s_i, −c, c)               the contrast on the advantage's scale
     m_{i,k,t} = 1 if token t overlaps the edited field value's characters, else 0
+    C_i       = ρ · max(|Â_i|, a_min)                    span term at most ρ times the group term
+
+Calibration (``credit_advantages``, issue #10): σ_min (std_floor) keeps a group whose rewards differ
+only by price (σ ≈ 0.01) from getting full-size ±1 advantages - its Â stay ≈ price difference / σ_min;
+s_i uses the same floor; C_i (cf_max_ratio ρ, cf_ratio_floor a_min) stops a contrast from outweighing
+the group term; optionally (drop_uniform_success_groups, DAPO) a group whose samples all have the same
+success gets Â = 0.
 
 so the group advantage is shared by every token, while the counterfactual contrast lands only on the
 tokens of the field that was edited (a role, a duty, a capacity level, one dependency). Δ > 0 means
@@ -33,11 +41,15 @@ aggregation, metric names), so the counterfactual term is just a different advan
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
+
+# temporary re-export while callers move to lemon_core.logprobs (the integrator deletes this line)
+from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs  # noqa: F401
 
 
 class GRPOConfig(BaseModel):
@@ -79,7 +91,8 @@ class GRPOConfig(BaseModel):
         "- so Δ̃ = Â − Â(edit) is on the advantage's scale. A constant group (σ = 0) and scale_rewards: "
         "false use Δ unscaled. 'none': raw reward units, the paper's formula as written; there "
         "|Δ|·Δ is ~0.003-0.1 against Â ~ ±1. Default 'group_std' because it is the setting where the "
-        "term acts: on bench/credit.py (16 seeds, 10 steps) 'none' left 10 of 14 seeds identical to "
+        "term acts: on the MultiArith bench/credit.py of commit b243c8d (16 seeds, 10 steps) 'none' left "
+        "10 of 14 seeds identical to "
         "plain GRPO, while 'group_std' raised the share of the optimal `small` capacity (+0.04 ± 0.03) and "
         "the valid specs' reward (+0.005 ± 0.003); the final reward there is dominated by spec "
         "validity, which the span term does not target, and did not change (ratio 0.96 ± ~0.06).",
@@ -90,6 +103,40 @@ class GRPOConfig(BaseModel):
         "to a span token. Needed with 'group_std': in a group whose rewards barely differ σ is tiny "
         "and one decisive edit (right -> wrong, Δ ≈ 1) would otherwise dwarf every group advantage. "
         "2.0 ≈ the largest |Â| of a group of 6 (√5). None = no clip.",
+    )
+    std_floor: float = Field(
+        default=0.1, ge=0,
+        description="σ_min: the group std used to normalise is max(σ, std_floor), and the counterfactual Δ "
+        "divisor (cf_delta_scale 'group_std') is the same max(σ, std_floor), constant groups included. "
+        "Why: when every spec of a group is wrong, rewards differ only by agent/edge/price cost (σ ≈ 0.01) "
+        "and plain normalisation turns that noise into ±1 advantages, as large as right-vs-wrong. 0.1 is "
+        "below the std of any group that differs in success (one success among G has std √(G−1)/G: 0.33 "
+        "at G=8, 0.12 at G=64), so it never changes those, while a price-only group's advantages shrink "
+        "to (r − mean)/0.1 (≈ ±0.12 for σ = 0.012). 0 = no floor (then a constant group keeps raw Δ).",
+    )
+    drop_uniform_success_groups: bool = Field(
+        default=False,
+        description="DAPO-style: a group in which every sample has the same success (all right, all wrong "
+        "or all invalid) contributes no group term (Â = 0). Its span terms are kept - a counterfactual is "
+        "a paired comparison of one field, so its contrast is real even where the group's is not - and "
+        "capped at cf_max_ratio × cf_ratio_floor. Off by default: price is part of the reward, and in a "
+        "group where every spec is right price is the only thing to learn (the MultiArith optimum, one "
+        "`small` agent, is learnt from such groups); std_floor already keeps price noise small.",
+    )
+    cf_max_ratio: float | None = Field(
+        default=2.0, gt=0,
+        description="ρ: on every token the span term (summed over edits) is clipped to ±ρ · max(|Â_i|, "
+        "cf_ratio_floor), so it never outweighs the completion's group term by more than ρ (and, where "
+        "Â_i is near 0, never exceeds ρ · cf_ratio_floor). 2.0 = the largest |Â| of a group of 6 (√5 ≈ 2.2) "
+        "rounded down, the same bound as cf_clip: a decisive edit may double a token's advantage, not "
+        "replace it. None = no cap (the unscaled formula of the paper).",
+    )
+    cf_ratio_floor: float = Field(
+        default=0.5, gt=0,
+        description="a_min in the cap ρ · max(|Â|, a_min): what a group term near 0 counts as. Without it a "
+        "constant group (a collapsed policy: every sample the same spec, Â = 0) would get no span signal "
+        "at all, and the collapse would be a fixed point. 0.5: with ρ = 2 a constant group's span term is "
+        "at most 1.0, the size of a typical advantage in a group that differs.",
     )
     std_eps: float = Field(
         default=1e-6, gt=0,
@@ -131,13 +178,17 @@ def _as_reward_tensor(rewards: Tensor | Sequence[float], name: str = "rewards") 
     return r
 
 
-def group_advantages(rewards: Tensor | Sequence[float], std_eps: float = 1e-6, scale: bool = True) -> Tensor:
-    """Â_i = (r_i − mean(r)) / (std(r) + std_eps) over one group of G completions of the same task.
+def group_advantages(
+    rewards: Tensor | Sequence[float], std_eps: float = 1e-6, scale: bool = True, std_floor: float = 0.0,
+) -> Tensor:
+    """Â_i = (r_i − mean(r)) / (max(std(r), std_floor) + std_eps) over one group of G completions of a task.
 
     std is the *population* std (divide by G, not G−1), so rewards [1, 0, 0, 1] give exactly
     [+1, −1, −1, +1] (up to std_eps). A group whose rewards are all equal carries no preference
     between its samples, so it gets exactly zeros (checked explicitly, not left to 0/ε rounding).
-    `scale=False` returns only the centred rewards (Dr. GRPO). Returns float32 of shape [G].
+    `scale=False` returns only the centred rewards (Dr. GRPO). std_floor (GRPOConfig.std_floor) keeps
+    a group whose rewards barely differ (price noise) from getting full-size advantages: rewards
+    [0.50, 0.52] with floor 0.1 give [−0.1, +0.1], not [−1, +1]. Returns float32 of shape [G].
     """
     r = _as_reward_tensor(rewards)
     if bool(r.max() == r.min()):
@@ -145,7 +196,7 @@ def group_advantages(rewards: Tensor | Sequence[float], std_eps: float = 1e-6, s
     centred = r - r.mean()
     if not scale:
         return centred.float()
-    return (centred / (r.std(unbiased=False) + std_eps)).float()
+    return (centred / (r.std(unbiased=False).clamp(min=std_floor) + std_eps)).float()
 
 
 def _group_stats(
@@ -176,16 +227,16 @@ def _group_stats(
 
 def batched_group_advantages(
     rewards: Tensor | Sequence[float], group_ids: Tensor | Sequence[Hashable],
-    std_eps: float = 1e-6, scale: bool = True,
+    std_eps: float = 1e-6, scale: bool = True, std_floor: float = 0.0,
 ) -> Tensor:
     """group_advantages for a flat batch holding many groups: row n belongs to group group_ids[n].
 
-    Same definition as group_advantages (population std, constant group -> 0) applied per group;
-    groups may have different sizes and rows of a group need not be contiguous. group_ids may be
+    Same definition as group_advantages (population std, std_floor, constant group -> 0) applied per
+    group; groups may have different sizes and rows of a group need not be contiguous. group_ids may be
     ints or any hashables (e.g. task ids). Returns float32 of shape [N].
     """
     centred, std, constant = _group_stats(rewards, group_ids)
-    adv = centred / (std + std_eps) if scale else centred
+    adv = centred / (std.clamp(min=std_floor) + std_eps) if scale else centred
     return torch.where(constant, torch.zeros_like(adv), adv).float()
 
 
@@ -194,15 +245,19 @@ def contrast_divisors(
 ) -> list[float]:
     """s_n, the divisor of every counterfactual contrast Δ of row n: Δ̃ = clip(Δ / s_n, ±cf_clip).
 
-    With cf_delta_scale='group_std' and scale_rewards, s_n = σ_g + std_eps for the std σ_g of row n's
-    group - the divisor of Â_n itself, so Δ̃ = Â_n − Â(edit). Otherwise s_n = 1 (raw reward units):
-    with scale_rewards off Â is in reward units too, and a constant group (σ_g = 0, Â = 0) has no
-    unit of its own - dividing by std_eps there would turn a 1e-4 cost difference into a maximal
-    push, so its contrasts keep their raw size (a right-vs-wrong contrast still counts ~1).
+    With cf_delta_scale='group_std' and scale_rewards, s_n = max(σ_g, std_floor) + std_eps for the std
+    σ_g of row n's group - the divisor of Â_n itself, so Δ̃ = Â_n − Â(edit). A constant group (σ_g = 0)
+    gets std_floor + std_eps: the floor is its unit, so a 0.005 price contrast stays 0.05 while a
+    right-vs-wrong contrast is clipped to cf_clip. With std_floor = 0 a constant group has no unit of
+    its own - dividing by std_eps would turn a 1e-4 cost difference into a maximal push - so its
+    contrasts keep their raw size (s_n = 1). Otherwise s_n = 1 (raw reward units): with scale_rewards
+    off Â is in reward units too.
     """
     _, std, constant = _group_stats(rewards, group_ids)
     if cfg.cf_delta_scale == "none" or not cfg.scale_rewards:
         return [1.0] * std.numel()
+    if cfg.std_floor > 0:
+        return (std.clamp(min=cfg.std_floor) + cfg.std_eps).tolist()
     return torch.where(constant, torch.ones_like(std), std + cfg.std_eps).tolist()
 
 
@@ -260,23 +315,6 @@ def span_mask_from_tokenizer(tokenizer: Any, text: str, span: tuple[int, int]) -
     return span_token_mask(enc["offset_mapping"], span)
 
 
-def offsets_from_token_ids(tokenizer: Any, token_ids: Sequence[int]) -> list[tuple[int, int]]:
-    """Char offsets of each sampled token inside tokenizer.decode(token_ids).
-
-    Sampled ids can differ from a re-tokenization of the decoded text (BPE is not unique), so the
-    offsets are taken from decoding growing prefixes: token i spans [len(decode(ids[:i])),
-    len(decode(ids[:i+1]))). A token that completes only part of a multi-byte character may decode to
-    a placeholder; offsets are kept monotone so such a token gets a zero-width or short range.
-    """
-    offsets: list[tuple[int, int]] = []
-    prev = 0
-    for i in range(len(token_ids)):
-        end = max(prev, len(tokenizer.decode(list(token_ids[: i + 1]), skip_special_tokens=False)))
-        offsets.append((prev, end))
-        prev = end
-    return offsets
-
-
 # ---------------------------------------------------------------------------------------------------
 # Token advantages
 # ---------------------------------------------------------------------------------------------------
@@ -327,6 +365,94 @@ def token_advantages(group_adv: float, seq_len: int, cf_adv: Tensor | None = Non
     if cf_adv.shape != (seq_len,):
         raise ValueError(f"cf_adv has shape {tuple(cf_adv.shape)}, expected ({seq_len},)")
     return base + cf_adv.float()
+
+
+def cap_span_term(span_adv: Tensor, group_adv: float, max_ratio: float | None, ratio_floor: float) -> Tensor:
+    """clip(S_t, −C, C) with C = max_ratio · max(|Â|, ratio_floor): the span term of one completion,
+    bounded so it never outweighs the group term Â by more than max_ratio (see GRPOConfig.cf_max_ratio).
+    max_ratio None returns span_adv unchanged."""
+    if max_ratio is None:
+        return span_adv
+    bound = max_ratio * max(abs(float(group_adv)), ratio_floor)
+    return span_adv.clamp(min=-bound, max=bound)
+
+
+SpanEdit = tuple[Tensor, float, str]  # (token mask over the completion, Δ = r − r_edit, edit family)
+
+
+@dataclass
+class Credit:
+    """What ``credit_advantages`` returns: the token advantages and counts for the step's metrics."""
+
+    advantages: list[Tensor]  # per record, float32 [completion length]
+    groups: int  # GRPO groups in the batch
+    dropped_groups: int  # uniform-success groups whose group term was zeroed (drop_uniform_success_groups)
+    floored_groups: int  # non-constant groups whose std was below std_floor (their Â were shrunk)
+    capped_tokens: int  # span tokens whose term hit the cf_max_ratio cap
+    scaled_delta_abs: dict[str, float]  # per edit family: mean |Δ̃| (contrast in advantage units, clipped)
+
+
+def uniform_success_rows(
+    successes: Sequence[float | bool | None], group_ids: Sequence[Hashable],
+) -> list[bool]:
+    """Per row: does every sample of its group have the same success? None (an invalid spec) is its
+    own outcome, so a group of invalid and valid-but-wrong specs is not uniform: validity is learnt."""
+    outcomes: dict[Hashable, set[float | None]] = {}
+    for key, ok in zip(group_ids, successes, strict=True):
+        outcomes.setdefault(key, set()).add(None if ok is None else float(ok))
+    return [len(outcomes[key]) == 1 for key in group_ids]
+
+
+def credit_advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], successes: Sequence[float | bool | None],
+    lengths: Sequence[int], edits: Sequence[Sequence[SpanEdit]], cfg: GRPOConfig,
+) -> Credit:
+    """Per-token advantages of a batch of completions: A_t = Â + clip(S_t, ±C) (module docstring).
+
+    One row per completion: its total reward, its group key (e.g. (step, task_id)), its success (the
+    benchmark score; None for a spec that did not parse), its number of completion tokens, and its
+    counterfactual edits as (token mask, Δ, family). Δ is divided by the row's contrast divisor
+    (max(σ, std_floor)), clipped to cf_clip, weighted (cf_weight_by_abs_delta), summed over edits and
+    capped at cf_max_ratio · max(|Â|, cf_ratio_floor). With drop_uniform_success_groups, Â = 0 for
+    every row of a group whose successes are all equal; its span terms stay (capped by the floor).
+    """
+    n = len(rewards)
+    for name, seq in (("group_ids", group_ids), ("successes", successes), ("lengths", lengths), ("edits", edits)):
+        if len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries, rewards {n}; give one per completion")
+    _, std, constant = _group_stats(rewards, group_ids)
+    group_adv = batched_group_advantages(rewards, group_ids, cfg.std_eps, cfg.scale_rewards, cfg.std_floor)
+    dropped = uniform_success_rows(successes, group_ids) if cfg.drop_uniform_success_groups else [False] * n
+    group_adv = torch.where(torch.tensor(dropped), torch.zeros_like(group_adv), group_adv)
+    divisors = contrast_divisors(rewards, group_ids, cfg)
+    out, capped = [], 0
+    by_family: dict[str, list[float]] = {}
+    for row in range(n):
+        adv = float(group_adv[row])
+        row_edits = [(mask, delta) for mask, delta, _ in edits[row]]
+        for _, delta, family in edits[row]:
+            scaled = abs(float(delta)) / divisors[row]
+            by_family.setdefault(str(family), []).append(min(scaled, cfg.cf_clip or scaled))
+        if not row_edits or cfg.cf_coef == 0:
+            out.append(token_advantages(adv, lengths[row]))
+            continue
+        span = counterfactual_token_advantages(
+            lengths[row], row_edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta, divisors[row], cfg.cf_clip
+        )
+        bounded = cap_span_term(span, adv, cfg.cf_max_ratio, cfg.cf_ratio_floor)
+        capped += int((bounded != span).sum())
+        out.append(token_advantages(adv, lengths[row], bounded))
+    keys = list(group_ids)
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    low = (std < cfg.std_floor) & ~constant
+    return Credit(
+        advantages=out,
+        groups=len(first),
+        dropped_groups=sum(dropped[i] for i in first.values()),
+        floored_groups=sum(bool(low[i]) for i in first.values()) if cfg.scale_rewards else 0,
+        capped_tokens=capped,
+        scaled_delta_abs={f: sum(v) / len(v) for f, v in sorted(by_family.items())},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -404,36 +530,3 @@ def grpo_loss(
             "advantage/mean": _masked_mean(advantages, mask).item(),
         }
     return loss, metrics
-
-
-# ---------------------------------------------------------------------------------------------------
-# Log-probabilities from a model
-# ---------------------------------------------------------------------------------------------------
-
-
-def sequence_logprobs(
-    model: Any, input_ids: Tensor, attention_mask: Tensor, completion_start: int, temperature: float = 1.0,
-) -> Tensor:
-    """log π(token_t | tokens_<t) for every completion column t >= completion_start; shape [B, L − start].
-
-    Layout (as TRL and HF generate produce it): prompts left-padded to a common length
-    completion_start, completions right-padded after it; the loss mask for the result is
-    attention_mask[:, completion_start:]. The logits at position t−1 predict token t, hence the
-    shift: we keep logits for columns start−1 .. L−2 and gather the ids at columns start .. L−1.
-    Position ids are taken from the attention mask (as generate does with left padding), so the
-    logprobs match those recorded while sampling. Divide by the sampling temperature likewise.
-    """
-    if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-        raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask "
-                         f"{tuple(attention_mask.shape)} must both be [batch, length]")
-    length = input_ids.shape[1]
-    if not 1 <= completion_start < length:
-        raise ValueError(f"completion_start={completion_start} must be in [1, {length - 1}]: the first "
-                         "completion token needs at least one token before it")
-    n_completion = length - completion_start
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_completion + 1)
-    logits = out.logits[:, -(n_completion + 1):-1, :].float() / temperature
-    targets = input_ids[:, completion_start:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

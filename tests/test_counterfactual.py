@@ -8,7 +8,14 @@ import pytest
 
 from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import Example
-from lemon_core.counterfactual import EditFamily, EditFamilySampler, counterfactual_edits
+from lemon_core.counterfactual import (
+    ALL_FAMILIES,
+    PAPER_FAMILIES,
+    EditFamily,
+    EditFamilySampler,
+    counterfactual_edits,
+    upgrade,
+)
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
@@ -109,3 +116,44 @@ def test_cached_reexecution_runs_only_the_edited_agent_and_its_descendants() -> 
         assert not ran & SPEC.ancestors(key[1])
     assert calls[(EditFamily.duty_rollback, "check")] == 1  # the output agent: nothing below it
     assert sum(calls.values()) < 3 * len(SPEC.agents)  # full re-execution would run every agent
+
+
+def test_capacity_upgrade_edit_has_the_span_of_the_capacity_value() -> None:
+    parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
+    assert not [e for e in counterfactual_edits(parsed, POOL) if e.family is EditFamily.capacity_upgrade]  # off
+    edits = counterfactual_edits(parsed, POOL, ALL_FAMILIES)
+    ups = {e.agent_id: e for e in edits if e.family is EditFamily.capacity_upgrade}
+    # plan is small -> medium, check medium -> large; solve is already the dearest level: no upgrade
+    assert set(ups) == {"plan", "check"}
+    for agent_id, want in (("plan", "medium"), ("check", "large")):
+        e = ups[agent_id]
+        original = SPEC.agent(agent_id)
+        assert parsed.text[e.span[0] : e.span[1]] == original.capacity
+        assert e.span == parsed.spans[(agent_id, "capacity")]
+        assert e.spec.agent(agent_id).capacity == want
+        assert sum(a != b for a, b in zip(SPEC.agents, e.spec.agents, strict=True)) == 1
+    # a one-agent small spec - the collapse state - now has a capacity edit (before: none at all)
+    one = OrchestrationSpec(agents=[SPEC.agents[0]], output="plan")
+    solo = counterfactual_edits(parse_spec(spec_completion(one), POOL), POOL, ALL_FAMILIES)
+    assert [e.description for e in solo if e.family.value.startswith("capacity")] == ["plan: capacity small -> medium"]
+    assert upgrade(POOL, "large") is None and upgrade(POOL, "small") == "medium"
+
+
+def test_sampler_samples_only_its_families() -> None:
+    parsed = parse_spec(spec_completion(SPEC), POOL)
+    every = counterfactual_edits(parsed, POOL, ALL_FAMILIES)
+    paper = EditFamilySampler()
+    assert paper.families == PAPER_FAMILIES and set(paper.probabilities()) == set(PAPER_FAMILIES)
+    chosen = paper.sample(every, k=len(every), rng=random.Random(0))
+    assert len(chosen) == 8 and all(c.family is not EditFamily.capacity_upgrade for c in chosen)
+    only_up = EditFamilySampler(families=["capacity_upgrade"])
+    assert {c.family for c in only_up.sample(every, k=5, rng=random.Random(0))} == {EditFamily.capacity_upgrade}
+    # a sampler restored from a checkpoint written before capacity_upgrade existed still works
+    both = EditFamilySampler(families=ALL_FAMILIES)
+    both.mean_abs_delta = {f: 0.5 for f in PAPER_FAMILIES}
+    both.update(EditFamily.capacity_upgrade, 0.0)
+    assert sum(both.probabilities().values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="capacity_upgrade"):
+        EditFamilySampler(families=["capacity_upgrad"])
+    with pytest.raises(ValueError, match="empty"):
+        counterfactual_edits(parsed, POOL, [])

@@ -11,17 +11,19 @@ from pydantic import ValidationError
 from lemon_core.grpo import (
     GRPOConfig,
     batched_group_advantages,
+    cap_span_term,
     contrast_divisors,
     counterfactual_token_advantages,
+    credit_advantages,
     group_advantages,
     grpo_loss,
     k3_kl,
-    offsets_from_token_ids,
-    sequence_logprobs,
     span_mask_from_tokenizer,
     span_token_mask,
     token_advantages,
+    uniform_success_rows,
 )
+from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs
 
 # ------------------------------------------------------------------ config
 
@@ -30,6 +32,12 @@ def test_config_defaults_and_errors() -> None:
     cfg = GRPOConfig()
     assert (cfg.clip_eps, cfg.kl_coef, cfg.cf_coef, cfg.loss_aggregation) == (0.2, 0.04, 1.0, "token")
     assert (cfg.cf_delta_scale, cfg.cf_clip) == ("group_std", 2.0)
+    assert (cfg.std_floor, cfg.drop_uniform_success_groups, cfg.cf_max_ratio, cfg.cf_ratio_floor) == (
+        0.1, False, 2.0, 0.5)
+    with pytest.raises(ValidationError, match="std_floor"):
+        GRPOConfig(std_floor=-0.1)
+    with pytest.raises(ValidationError, match="cf_max_ratio"):
+        GRPOConfig(cf_max_ratio=0.0)
     with pytest.raises(ValidationError, match="cf_delta_scale"):
         GRPOConfig(cf_delta_scale="batch_std")
     with pytest.raises(ValidationError, match="cf_clip"):
@@ -186,7 +194,7 @@ def test_contrast_divisors_are_the_group_std_of_the_advantage() -> None:
     # group a: [1, 0, 0, 1] std 0.5; group b: [0.3, 0.3] constant; group c: [2, 0] std 1
     rewards = [1.0, 0.0, 0.3, 0.0, 2.0, 1.0, 0.3, 0.0]
     ids = ["a", "a", "b", "a", "c", "a", "b", "c"]
-    cfg = GRPOConfig(cf_delta_scale="group_std", std_eps=1e-3)
+    cfg = GRPOConfig(cf_delta_scale="group_std", std_eps=1e-3, std_floor=0.0)  # floor: see the next section
     got = contrast_divisors(rewards, ids, cfg)
     assert got == pytest.approx([0.501, 0.501, 1.0, 0.501, 1.001, 0.501, 1.0, 1.001], abs=1e-12)
     # the divisor is exactly the one of the group advantage: delta / divisor == A_i - A(edit)
@@ -221,7 +229,7 @@ def test_constant_group_uses_raw_delta_not_delta_over_eps() -> None:
     instead the constant group keeps the raw contrast: beta*|-0.3|*(-0.3) = -0.09 on the span only.
     """
     rewards, ids = [0.7] * 6, [0] * 6
-    cfg = GRPOConfig(cf_delta_scale="group_std", cf_clip=2.0)
+    cfg = GRPOConfig(cf_delta_scale="group_std", cf_clip=2.0, std_floor=0.0)  # no floor: the old rule
     (divisor, *_) = contrast_divisors(rewards, ids, cfg)
     assert divisor == 1.0
     span = torch.tensor([False, False, True, False])
@@ -229,6 +237,108 @@ def test_constant_group_uses_raw_delta_not_delta_over_eps() -> None:
     adv = token_advantages(batched_group_advantages(rewards, ids)[0].item(), 4, cf)
     assert adv.tolist() == pytest.approx([0.0, 0.0, -0.09, 0.0], abs=1e-6)
     assert adv[[0, 1, 3]].tolist() == [0.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------ calibrated credit (issue #10)
+
+
+def test_std_floor_by_hand() -> None:
+    # [0.50, 0.52]: std 0.01; with floor 0.1 the advantages are ±0.01 / 0.1 = ±0.1, not ±1
+    assert group_advantages([0.50, 0.52], std_eps=0.0, std_floor=0.1).tolist() == pytest.approx([-0.1, 0.1])
+    assert group_advantages([0.50, 0.52], std_eps=0.0).tolist() == pytest.approx([-1.0, 1.0])
+    # a group that differs in success has std 0.5 > floor: unchanged
+    assert group_advantages([1.0, 0.0], std_eps=0.0, std_floor=0.1).tolist() == [1.0, -1.0]
+    got = batched_group_advantages([0.50, 1.0, 0.52, 0.0], ["p", "s", "p", "s"], std_eps=0.0, std_floor=0.1)
+    assert got.tolist() == pytest.approx([-0.1, 1.0, 0.1, -1.0])
+
+
+def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None:
+    """Issue #10.4: all six specs wrong, rewards differ by cost only (σ ≈ 0.012); a downgrade of a `large`
+    span saved 0.02. Before: Â = ±1.4 and the span term −β·2·2 = −4 (clipped at 2) on that span."""
+    rewards = [-0.030, -0.045, -0.020, -0.050, -0.025, -0.040]  # mean -0.035, σ = 0.0112
+    ids = ["t"] * 6
+    mask = torch.tensor([False, True, False])
+    edits = [[(mask, -0.02, "capacity_downgrade")]] + [[] for _ in range(5)]
+    cfg = GRPOConfig()
+    credit = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits, cfg)
+    group = torch.stack([a[0] for a in credit.advantages])
+    centred = torch.tensor(rewards, dtype=torch.float64) - sum(rewards) / 6
+    assert group.tolist() == pytest.approx((centred / (0.1 + 1e-6)).tolist(), abs=1e-6)
+    assert group.abs().max().item() < 0.16  # a right-vs-wrong group has ±1
+    # span: Δ̃ = -0.02 / 0.1 = -0.2, β|Δ̃|Δ̃ = -0.04 on top of Â_0 = 0.005 / 0.1 = 0.05
+    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.04, 0.05], abs=1e-5)
+    assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 0)
+    assert credit.scaled_delta_abs == {"capacity_downgrade": pytest.approx(0.2, abs=1e-5)}
+    # without the floor (the old behaviour) the same group gets full-size advantages and a -4 span term
+    old = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits,
+                            GRPOConfig(std_floor=0.0, cf_max_ratio=None))
+    assert max(abs(a[0].item()) for a in old.advantages) > 1.3 and old.advantages[0][1].item() < -2.5
+
+
+def test_contrast_divisor_uses_the_same_floor_constant_group_included() -> None:
+    rewards = [0.50, 0.52, 0.7, 0.7, 1.0, 0.0]  # std 0.01 (floored), constant, std 0.5
+    ids = ["a", "a", "b", "b", "c", "c"]
+    got = contrast_divisors(rewards, ids, GRPOConfig(std_eps=1e-3))
+    assert got == pytest.approx([0.101, 0.101, 0.101, 0.101, 0.501, 0.501], abs=1e-12)
+
+
+def test_span_term_never_outweighs_the_group_term_by_more_than_the_ratio() -> None:
+    # by hand: Â = 1.5, ρ = 2 -> cap 3; a span term of -4 becomes -3, +1 stays
+    span = torch.tensor([0.0, -4.0, 1.0])
+    assert cap_span_term(span, 1.5, 2.0, 0.5).tolist() == [0.0, -3.0, 1.0]
+    # Â = 0.1 < a_min = 0.5 -> cap 2 * 0.5 = 1
+    assert cap_span_term(span, -0.1, 2.0, 0.5).tolist() == [0.0, -1.0, 1.0]
+    assert cap_span_term(span, 0.0, None, 0.5).tolist() == span.tolist()
+    # end to end on random groups and edits: |A_t - Â| <= ρ · max(|Â|, a_min) on every token
+    gen = torch.Generator().manual_seed(0)
+    cfg = GRPOConfig(cf_coef=3.0, cf_max_ratio=1.5, cf_ratio_floor=0.2)
+    rewards = (torch.rand(24, generator=gen) * torch.tensor([1.0, 0.03]).repeat(12)).tolist()
+    ids = [i // 6 for i in range(24)]
+    edits = [[(torch.rand(8, generator=gen) < 0.4, float(torch.randn(1, generator=gen)), "duty_rollback")]
+             for _ in range(24)]
+    credit = credit_advantages(rewards, ids, [r > 0.5 for r in rewards], [8] * 24, edits, cfg)
+    group = batched_group_advantages(rewards, ids, cfg.std_eps, std_floor=cfg.std_floor)
+    hit = 0
+    for adv, a in zip(credit.advantages, group.tolist(), strict=True):
+        bound = 1.5 * max(abs(a), 0.2)
+        assert (adv - a).abs().max().item() <= bound + 1e-5
+        hit += int(((adv - a).abs() > bound - 1e-5).sum())
+    assert credit.capped_tokens > 0 and hit >= credit.capped_tokens
+
+
+def test_drop_uniform_success_groups_zeroes_the_group_term_keeps_span_terms() -> None:
+    rewards = [0.90, 0.80, 0.85, 1.0, 0.0, -1.0, 0.0]
+    ids = ["u", "u", "u", "d", "d", "v", "v"]  # u: all right (prices differ); d: differs; v: invalid vs wrong
+    successes = [1.0, 1.0, 1.0, 1.0, 0.0, None, 0.0]
+    assert uniform_success_rows(successes, ids) == [True] * 3 + [False] * 4
+    mask = torch.tensor([True, False])
+    edits = [[(mask, -0.3, "capacity_upgrade")]] + [[] for _ in range(6)]
+    cfg = GRPOConfig(drop_uniform_success_groups=True)
+    credit = credit_advantages(rewards, ids, successes, [2] * 7, edits, cfg)
+    assert (credit.groups, credit.dropped_groups) == (3, 1)
+    # group u: Â = 0; its span term -0.3/σ_u (σ_u = 0.0408) -> clip -2 -> -4, capped at ρ·a_min = 1
+    assert credit.advantages[0].tolist() == pytest.approx([-1.0, 0.0], abs=1e-6)
+    assert credit.advantages[1].tolist() == [0.0, 0.0] and credit.advantages[2].tolist() == [0.0, 0.0]
+    assert credit.advantages[3].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # d is kept
+    assert credit.advantages[5].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)  # invalid vs valid is learnt
+    kept = credit_advantages(rewards, ids, successes, [2] * 7, edits, GRPOConfig())
+    assert kept.dropped_groups == 0 and kept.advantages[1][0].item() != 0.0
+
+
+def test_credit_without_calibration_equals_the_paper_formula() -> None:
+    """std_floor 0, no cap, no drop: A_t = Â + Σ β|Δ̃|Δ̃ exactly as the pieces compute it."""
+    rewards, ids = [1.0, 0.0, 0.4, 0.3], ["a", "a", "b", "b"]
+    m = torch.tensor([False, True, True])
+    edits = [[(m, 0.5, "capacity_downgrade")], [], [(m, -0.2, "drop_dependency")], []]
+    cfg = GRPOConfig(std_floor=0.0, cf_max_ratio=None)
+    credit = credit_advantages(rewards, ids, [1, 0, 0, 0], [3] * 4, edits, cfg)
+    group = batched_group_advantages(rewards, ids)
+    divs = contrast_divisors(rewards, ids, cfg)
+    for row in range(4):
+        cf = counterfactual_token_advantages(3, [(e[0], e[1]) for e in edits[row]], 1.0, True, divs[row], 2.0)
+        assert credit.advantages[row].tolist() == pytest.approx(token_advantages(group[row].item(), 3, cf).tolist())
+    with pytest.raises(ValueError, match="lengths has 3 entries"):
+        credit_advantages(rewards, ids, [1, 0, 0, 0], [3] * 3, edits, cfg)
 
 
 @pytest.mark.parametrize(("r_original", "r_edited"), [(0.71, 1.02), (1.07, 0.0)])

@@ -11,11 +11,20 @@ How an agent call is answered:
   ``parent_boost`` x (fraction of parents whose output was correct) and by ``duty_bonus`` when the
   duty is customised (differs from the base role's default). The draw is a hash of (seed, request),
   so it is reproducible and identical on re-execution.
+- Solve-and-check families (a benchmark listed in a level's ``repair_accuracy``): an agent that reads
+  parents does not solve from scratch. It keeps a correct parent answer and, where its parents are
+  wrong, fixes the answer with probability ``repair_accuracy[benchmark]`` of its level:
+  ``p = right + (1 - right) * repair`` with ``right`` the fraction of correct parents (then the duty
+  bonus). Checking a right answer takes no capacity; solving does - so the best spec of such a family
+  gives its agents *different* capacities (a ``large`` solver, a ``small`` checker).
 - A correct call says "The answer is <gold>"; a wrong one gives a deterministic wrong answer.
 - Completion tokens are this level's ``completion_tokens``; prompt tokens are whitespace words.
 
 Known optimum of the shipped profile: MultiArith is solved by the cheap level almost always, so a
 single ``small`` agent maximises correctness - lambda * cost; GSM8K needs the ``large`` level.
+``solve_check`` (simulated only, used by bench/credit.py) is a solve-and-check family: for a
+solver -> checker spec the best capacities are ``large`` solver + ``small`` checker (the table is in
+``lemon_core/configs/pool-simulated.yaml``, checked by tests/test_simulated_pool.py).
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class SimulatedBackend:
     def __init__(
         self, level: str, accuracy: Mapping[str, float], completion_tokens: int = 64,
         parent_boost: float = 0.3, duty_bonus: float = 0.05, seed: int = 0, default_accuracy: float = 0.5,
+        repair_accuracy: Mapping[str, float] | None = None,
     ) -> None:
         self.level = level
         self.accuracy = dict(accuracy)
@@ -69,6 +79,12 @@ class SimulatedBackend:
         self.duty_bonus = duty_bonus
         self.seed = seed
         self.default_accuracy = default_accuracy
+        self.repair_accuracy = dict(repair_accuracy or {})
+        for name, value in {**self.accuracy, **self.repair_accuracy}.items():
+            if not 0 <= value <= 1:
+                raise ValueError(
+                    f"simulated level {level!r}: accuracy of {name!r} is {value}; use a probability in [0, 1]"
+                )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         return [self._answer(r) for r in requests]
@@ -85,16 +101,20 @@ class SimulatedBackend:
             return Completion("", prompt_tokens, 0, 0.001,
                               error="simulated pool: task not in the answer key; call register_examples()")
         benchmark, gold = key
-        p = self.accuracy.get(benchmark, self.default_accuracy)
-        parents = _PARENT_RE.findall(user + "\n\nNow do")
-        if parents:
-            right = sum(1 for _, out in parents if out.strip().endswith(f"The answer is {gold}."))
-            p += (1 - p) * self.parent_boost * right / len(parents)
+        p = self._probability_right(benchmark, gold, _PARENT_RE.findall(user + "\n\nNow do"))
         if self._duty_is_customised(system):
             p = min(1.0, p + self.duty_bonus)
         correct = _uniform(self.seed, self.level, request) < p
         text = f"The answer is {gold if correct else _wrong_answer(gold)}."
         return Completion(text, prompt_tokens, self.completion_tokens, 0.001)
+
+    def _probability_right(self, benchmark: str, gold: str, parents: list[tuple[str, str]]) -> float:
+        """Chance this call is right before the duty bonus (module docstring: solve vs solve-and-check)."""
+        right = sum(1 for _, out in parents if out.strip().endswith(f"The answer is {gold}.")) / max(len(parents), 1)
+        if parents and benchmark in self.repair_accuracy:
+            return right + (1 - right) * self.repair_accuracy[benchmark]
+        p = self.accuracy.get(benchmark, self.default_accuracy)
+        return p + (1 - p) * self.parent_boost * right
 
     @staticmethod
     def _duty_is_customised(system: str) -> bool:
