@@ -19,11 +19,10 @@ never gets there counts as --steps + 1 (censored; the number censored is printed
 as mean ± s.e. over seeds, plus the share of specs at the optimum in the last steps; last line
 ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75).
 
-SHIM (until the integrator wires it into lemon_core/train.py): ``--credit calibrated`` (default)
-replaces ``lemon_core.train.record_advantages`` with ``grpo.credit_advantages`` for the run, and
-``--families all`` makes rollouts list and sample ``capacity_upgrade`` edits (patching
-``lemon_core.rollout.counterfactual_edits`` and ``lemon_core.train.EditFamilySampler``). Both patches
-are undone after every arm. ``--credit legacy`` runs train.py's own advantages unchanged.
+Credit: ``--credit calibrated`` (default) runs the trainer's own ``grpo.credit_advantages`` with the std
+floor / cap / drop settings given here; ``--credit legacy`` the paper's formula (no floor, no cap).
+``--families all`` adds ``capacity_upgrade`` to ``rollout.edit_families``. The share of specs at the
+optimum is read back from each arm's saved rollouts.
 
 Measured here (2 shared CPU cores, so only a small version; seeds 0-2, 12 steps, lr 5e-4, kl 0.04,
 T 0.7, SFT 400 steps -> valid 1.0 at step 1, r* = 0.684): every run of both arms censored, ratio=1.000;
@@ -43,15 +42,13 @@ Run one seed per process with --sft-cache and --json, then --merge.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import math
 import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -59,17 +56,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
-import lemon_core.rollout as rollout_module  # noqa: E402
-import lemon_core.train as train_module  # noqa: E402
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
-from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, EditFamilySampler, counterfactual_edits  # noqa: E402
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
-from lemon_core.grpo import GRPOConfig, credit_advantages, span_token_mask  # noqa: E402
+from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import spec_completion  # noqa: E402
 from lemon_core.pool import load_pool  # noqa: E402
 from lemon_core.reward import RewardConfig, compute_reward  # noqa: E402
-from lemon_core.rollout import RolloutRecord  # noqa: E402
+from lemon_core.rollout import RolloutRecord, read_records  # noqa: E402
 from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
 from lemon_core.train import TrainConfig, train  # noqa: E402
 
@@ -110,48 +105,16 @@ def optimal_reward(tasks: Sequence[Example], reward: RewardConfig, draws: int = 
     return statistics.fmean(rewards)
 
 
-# --- the shim: calibrated credit and edit families inside lemon_core.train.train() -----------------
-class CreditShim:
-    """record_advantages(records, cfg) via grpo.credit_advantages; also logs what the policy wrote."""
-
-    def __init__(self) -> None:
-        self.optimal_share: list[float] = []  # per update: share of valid specs at (large, small)
-        self.dropped: list[int] = []
-
-    def __call__(self, records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
-        credit = credit_advantages(
-            [r.reward.total for r in records],
-            [(r.step, r.task_id) for r in records],
-            [r.score if r.valid else None for r in records],
-            [len(r.completion_ids) for r in records],
-            [[(span_token_mask(r.offsets, e.span), e.delta, e.family) for e in r.edits if e.span[1] > e.span[0]]
-             for r in records],
-            cfg,
-        )
-        self.dropped.append(credit.dropped_groups)
-        self.optimal_share.append(_optimal_share(records))
-        return credit.advantages
-
-
 def _optimal_share(records: Sequence[RolloutRecord]) -> float:
     specs = [r.spec for r in records if r.valid and r.spec is not None]
     hits = sum(1 for s in specs if tuple(a["capacity"] for a in s["agents"]) == OPTIMUM)
     return hits / len(records) if records else 0.0
 
 
-@contextlib.contextmanager
-def patched(credit: str, families: Sequence[str]) -> Iterator[CreditShim]:
-    """Install the shim for one train() call and undo it afterwards (see the module docstring)."""
-    shim = CreditShim()
-    saved = (train_module.record_advantages, rollout_module.counterfactual_edits, train_module.EditFamilySampler)
-    if credit == "calibrated":
-        train_module.record_advantages = shim
-    rollout_module.counterfactual_edits = functools.partial(counterfactual_edits, families=families)
-    train_module.EditFamilySampler = functools.partial(EditFamilySampler, families=families)
-    try:
-        yield shim
-    finally:
-        train_module.record_advantages, rollout_module.counterfactual_edits, train_module.EditFamilySampler = saved
+def optimal_shares(out: Path, steps: int) -> list[float]:
+    """Per step: the share of sampled specs at the optimal capacities, read back from the saved rollouts."""
+    return [_optimal_share(read_records(str(out / "rollouts" / f"step-{k:06d}-rank0.jsonl")))
+            for k in range(1, steps + 1)]
 
 
 # --- one run ---------------------------------------------------------------------------------------
@@ -159,7 +122,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
     return TrainConfig(
         model=str(model), pool="simulated", out=str(out), seed=seed, include_roles=False, include_format=False,
         iterations=0, tasks_per_iteration=args.tasks_per_step, checkpoint_every=1000, progress=False,
-        save_rollouts=False,
+        save_rollouts=True,
         rollout=dict(group_size=args.group_size, edits_per_spec=0, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature),
         sft=dict(steps=args.sft_steps, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher),
@@ -178,18 +141,19 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
         "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
         "iterations": args.steps,
         "sft": base.sft.model_copy(update={"enabled": False}),
-        "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0}),
+        "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0,
+                                                   "edit_families": list(families)}),
         "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
     })
-    with patched(args.credit, families) as shim:
-        result = train(cfg, examples=tasks, scorer=score)
+    result = train(cfg, examples=tasks, scorer=score)
     curve = [m["reward/mean"] for m in result.metrics]
-    return {"curve": curve, "optimal_share": shim.optimal_share, "valid": [m["valid_rate"] for m in result.metrics]}
+    return {"curve": curve, "optimal_share": optimal_shares(Path(cfg.out), args.steps),
+            "valid": [m["valid_rate"] for m in result.metrics]}
 
 
 def _credit_overrides(args: argparse.Namespace) -> dict:
-    if args.credit == "legacy":
-        return {}
+    if args.credit == "legacy":  # the paper's formula: no std floor, no cap, no dropped groups
+        return {"std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
     return {"std_floor": args.std_floor, "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
             "drop_uniform_success_groups": args.drop_uniform}
 
@@ -256,7 +220,7 @@ def main() -> None:
     ap.add_argument("--families", choices=["paper", "all"], default="paper",
                     help="edit families: the paper's three, or all (adds capacity_upgrade)")
     ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
-                    help="calibrated: grpo.credit_advantages (shim); legacy: train.py's record_advantages")
+                    help="calibrated: the std floor, cap and drop settings below; legacy: the paper's formula")
     ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)
     ap.add_argument("--cf-max-ratio", type=float, default=GRPOConfig().cf_max_ratio, help="<= 0: no cap")
     ap.add_argument("--drop-uniform", action="store_true", help="GRPOConfig.drop_uniform_success_groups")

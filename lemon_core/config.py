@@ -172,6 +172,13 @@ class OptimConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping by global norm")
     micro_batch_size: int = Field(4, ge=1, description="completions per forward/backward (grad accumulation)")
     epochs_per_batch: int = Field(1, ge=1, description="optimizer steps on each rollout batch (PPO epochs)")
+    logprob_mode: Literal["logits", "hidden"] = Field(
+        "logits",
+        description="how token log-probs are computed (lemon_core/logprobs.py), both chunked: logits gathers "
+        "logit[target] - logsumexp block by block (any model); hidden applies the LM head per block from the "
+        "decoder's hidden states, ~5x less peak memory at a 152k vocabulary (bench/logprobs.py), not with fsdp",
+    )
+    logprob_chunk_tokens: int = Field(256, ge=1, description="tokens per log-prob block")
 
 
 class LoraSettings(BaseModel):
@@ -268,6 +275,13 @@ class TrainConfig(BaseSettings):
                 "would need the sharded weights gathered on every rank after each update; use "
                 "rollout.sampler: transformers with fsdp, or strategy: replicate (LoRA for large models)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _hidden_logprobs_without_fsdp(self) -> TrainConfig:
+        if self.optim.logprob_mode == "hidden" and self.distributed.strategy == "fsdp":
+            raise ValueError("optim.logprob_mode=hidden runs the decoder without its LM head, which FSDP shards "
+                             "with the root module; use logprob_mode: logits with distributed.strategy: fsdp")
         return self
 
     @model_validator(mode="after")

@@ -48,9 +48,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-# temporary re-export while callers move to lemon_core.logprobs (the integrator deletes this line)
-from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs  # noqa: F401
-
 
 class GRPOConfig(BaseModel):
     """Coefficients of the loss. Defaults follow TRL/DeepSeekMath GRPO where the paper is silent."""

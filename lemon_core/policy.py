@@ -12,7 +12,7 @@ per-token log-probabilities under the policy at sampling time. Token ids come fr
 ``generate`` (transformers, the CPU default) or from ``policy.sampler``, any ``CompletionSampler``
 such as vLLM on GPU; everything after the ids - cutting at end-of-turn, decoding, offsets, logprobs -
 is shared, so both paths produce identical records. The "old" logprobs are recomputed with one
-forward pass (``grpo.sequence_logprobs``) at the same temperature the loss uses, instead of being read
+forward pass (``logprobs.sequence_logprobs``) at the same temperature the loss uses, instead of being read
 off the sampler's scores: the sampler may truncate (top_p) or run elsewhere (vLLM), while the PPO
 ratio needs exactly log pi_old under the loss's convention.
 """
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from lemon_core.grpo import offsets_from_token_ids, sequence_logprobs
+from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs
 from lemon_core.lora import merged_lora_state
 from lemon_core.pool import CapacityPool
 from lemon_core.prompts import (  # noqa: F401 - re-exported: the policy's prompt is part of its API
@@ -88,7 +88,7 @@ def pack(
 ) -> tuple[Tensor, Tensor, int]:
     """Prompts left-padded to a common width, completions right-padded after them.
 
-    Returns (input_ids, attention_mask, completion_start): the layout ``grpo.sequence_logprobs``
+    Returns (input_ids, attention_mask, completion_start): the layout ``logprobs.sequence_logprobs``
     expects; the completion mask is ``attention_mask[:, completion_start:]``.
     """
     width = max(len(p) for p in prompts)
@@ -138,6 +138,8 @@ class OrchestratorPolicy:
         self.spec_format: SpecFormat = spec_format
         self.sampler = sampler  # None: sample with the model's own generate
         self.grammar: Any = None  # a grammar.SpecGrammar: the own generate writes only specs (see constrain)
+        self.logprob_mode: str = "logits"  # logprobs.sequence_logprobs: chunked; "hidden" for big vocabularies
+        self.logprob_chunk_tokens = 256
         eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
@@ -233,7 +235,7 @@ class OrchestratorPolicy:
                 )  # fmt: skip
             else:
                 new = self._generate(batch, max_new_tokens, temperature, top_p, seed + lo)
-            out.extend(self._to_samples(batch, new, temperature))
+            out.extend(self._to_samples(batch, new, temperature, batch_size))
         self.model.train(was_training)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -265,15 +267,19 @@ class OrchestratorPolicy:
             generated = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         return generated[:, width:].tolist()
 
-    def _to_samples(self, prompts: list[list[int]], new: list[list[int]], temperature: float) -> list[Sample]:
-        """Cut each row after its first end-of-turn token, then decode, take offsets and old logprobs."""
+    def _to_samples(self, prompts: list[list[int]], new: list[list[int]], temperature: float,
+                    batch_size: int = 16) -> list[Sample]:
+        """Cut each row after its first end-of-turn token, then decode, take offsets and old logprobs
+        (``batch_size`` rows per forward pass: a sampler like vLLM returns the whole batch at once)."""
         greedy = temperature <= 0
         completions, finished = [], []
         for row in new:
             cut = next((t for t, tok in enumerate(row) if tok in self.eos_ids), None)
             completions.append(row if cut is None else row[: cut + 1])
             finished.append(cut is not None)
-        old = self.logprobs(prompts, completions, temperature=1.0 if greedy else temperature)
+        t = 1.0 if greedy else temperature
+        old = [lp for lo in range(0, len(prompts), batch_size)
+               for lp in self.logprobs(prompts[lo : lo + batch_size], completions[lo : lo + batch_size], t)]
         samples = []
         for p, c, lp, done in zip(prompts, completions, old, finished, strict=True):
             body = c[:-1] if done else c  # the end-of-turn token is trained on but is not spec text
@@ -308,7 +314,8 @@ class OrchestratorPolicy:
         """([B, T] logprobs of the completion tokens, [B, T] mask) under ``model`` (default: the policy)."""
         ids, mask, start = pack(prompts, completions, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        lp = sequence_logprobs(model if model is not None else self.model, ids, mask, start, temperature)
+        lp = sequence_logprobs(model if model is not None else self.model, ids, mask, start, temperature,
+                               mode=self.logprob_mode, chunk_tokens=self.logprob_chunk_tokens)
         return lp, mask[:, start:]
 
     # --- handing weights to a sampler -------------------------------------------------------------

@@ -67,6 +67,11 @@ class RolloutConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, le=2, description="sampling temperature (also used in the loss)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     sample_batch_size: int = Field(16, ge=1, description="completions generated together")
+    edit_families: list[str] = Field(
+        default_factory=lambda: ["drop_dependency", "duty_rollback", "capacity_downgrade"],
+        description="counterfactual edit families probed (the paper's three); add capacity_upgrade to also "
+        "probe one level up (off by default: no run showed a gain yet, bench/credit.py)",
+    )
     edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit-family sampling")
     edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
     sampler: Literal["transformers", "vllm"] = Field(
@@ -298,7 +303,7 @@ def _probe_counterfactuals(
     for i in valid:
         p = parsed[i]
         assert p is not None
-        for edit in sampler.sample(counterfactual_edits(p, pool), cfg.edits_per_spec, rng):
+        for edit in sampler.sample(counterfactual_edits(p, pool, sampler.families), cfg.edits_per_spec, rng):
             jobs.append((i, edit))
     if not jobs:
         return

@@ -110,10 +110,12 @@ def step_seed(cfg: TrainConfig, step: int, salt: int = 0) -> int:
 def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None) -> OrchestratorPolicy:
     """The policy at ``name_or_path`` with ``cfg``'s prompt settings (roles, format, spec_format) and
     dtype: every stage loads it this way, so all of them prompt it exactly as it was trained."""
-    return OrchestratorPolicy.load(
+    policy = OrchestratorPolicy.load(
         name_or_path, device or cfg.device, resolve_dtype(cfg), cfg.include_roles, cfg.include_format,
         cfg.spec_format,
     )  # fmt: skip
+    policy.logprob_mode, policy.logprob_chunk_tokens = cfg.optim.logprob_mode, cfg.optim.logprob_chunk_tokens
+    return policy
 
 
 def load_train_pool(cfg: TrainConfig, agent_max_tokens: int | None = None) -> CapacityPool:
@@ -139,7 +141,8 @@ def constrain(policy: OrchestratorPolicy, cfg: TrainConfig, levels: Sequence[str
 
 
 def new_edit_sampler(cfg: TrainConfig) -> EditFamilySampler:
-    return EditFamilySampler(floor=cfg.rollout.edit_floor, decay=cfg.rollout.edit_decay)
+    return EditFamilySampler(floor=cfg.rollout.edit_floor, decay=cfg.rollout.edit_decay,
+                             families=cfg.rollout.edit_families)
 
 
 # --- the state ------------------------------------------------------------------------------------

@@ -19,42 +19,29 @@ import torch
 from lemon_core import fsdp
 from lemon_core.config import TrainConfig
 from lemon_core.dist import FSDP, Replicate, Strategy, all_reduce_sum, sum_over_ranks
-from lemon_core.grpo import (
-    GRPOConfig,
-    batched_group_advantages,
-    contrast_divisors,
-    counterfactual_token_advantages,
-    grpo_loss,
-    span_token_mask,
-    token_advantages,
-)
+from lemon_core.grpo import Credit, GRPOConfig, credit_advantages, grpo_loss, span_token_mask
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.rollout import RolloutRecord
 
 
-def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
-    """Per-token advantages of each record: group advantage (per step+task) + counterfactual span term.
+def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
+    """Per-token advantages of each record (``grpo.credit_advantages``): the group advantage per (step, task)
+    with the std floor, plus the counterfactual span term on each edited span, scaled, clipped and capped
+    relative to the group term; with the counts the step's ``credit/*`` metrics report."""
+    return credit_advantages(
+        [r.reward.total for r in records],
+        [(r.step, r.task_id) for r in records],
+        [r.score if r.valid else None for r in records],
+        [len(r.completion_ids) for r in records],
+        [[(span_token_mask(r.offsets, e.span), e.delta, e.family) for e in r.edits if e.span[1] > e.span[0]]
+         for r in records],
+        cfg,
+    )
 
-    Each edit's Δ is divided by its group's contrast divisor (cf_delta_scale) and clipped (cf_clip)
-    before weighting; see lemon_core.grpo.contrast_divisors.
-    """
-    rewards = [r.reward.total for r in records]
-    groups = [(r.step, r.task_id) for r in records]
-    group_adv = batched_group_advantages(rewards, groups, std_eps=cfg.std_eps, scale=cfg.scale_rewards)
-    divisors = contrast_divisors(rewards, groups, cfg)
-    out = []
-    for rec, adv, divisor in zip(records, group_adv.tolist(), divisors, strict=True):
-        n = len(rec.completion_ids)
-        edits = [(span_token_mask(rec.offsets, e.span), e.delta) for e in rec.edits if e.span[1] > e.span[0]]
-        cf = (
-            counterfactual_token_advantages(
-                n, edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta, delta_divisor=divisor, delta_clip=cfg.cf_clip
-            )
-            if edits
-            else None
-        )
-        out.append(token_advantages(adv, n, cf))
-    return out
+
+def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
+    """The per-token advantages of ``record_credit``."""
+    return record_credit(records, cfg).advantages
 
 
 def pad_rows(rows: Sequence[Sequence[float] | torch.Tensor], width: int) -> torch.Tensor:
@@ -94,7 +81,8 @@ def grpo_update(
         sharded = fsdp.is_sharded(model)
         fsdp_strategy = FSDP(cfg.device, d.fsdp_reshard_after_forward, d.fsdp_gather_for_sampling)
         strategy = fsdp_strategy if sharded else Replicate()
-    advantages = record_advantages(records, cfg.grpo) if records else []
+    credit = record_credit(records, cfg.grpo) if records else None
+    advantages = credit.advantages if credit else []
     keep = [not (cfg.rollout.mask_truncated and r.truncated) for r in records]  # truncated: no gradient
     total_tokens = all_reduce_sum(float(sum(len(r.completion_ids) for r, k in zip(records, keep, strict=True) if k)))
     total_seqs = all_reduce_sum(float(sum(1 for r, k in zip(records, keep, strict=True) if k and r.completion_ids)))
@@ -137,6 +125,12 @@ def grpo_update(
     metrics["grad_norm"] = grad_norm / epochs
     metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
     metrics["lr"] = scheduler.get_last_lr()[0]
+    counts = {"credit/groups": 0.0, "credit/dropped_groups": 0.0, "credit/floored_groups": 0.0,
+              "credit/capped_tokens": 0.0, "truncated_masked": float(sum(not k for k in keep))}
+    if credit is not None:
+        counts.update({"credit/groups": credit.groups, "credit/dropped_groups": credit.dropped_groups,
+                       "credit/floored_groups": credit.floored_groups, "credit/capped_tokens": credit.capped_tokens})
+    metrics.update(sum_over_ranks(counts))  # whole groups live on one rank (shard_by_group): sums are exact
     return metrics
 
 
