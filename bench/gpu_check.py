@@ -65,8 +65,9 @@ class Sizes:
 
 
 SIZES = {
-    "cuda": Sizes(hidden=128, layers=2, lp_batch=8, lp_tokens=960, lp_chunk=256, new_tokens=32),  # [B,T,V] fp32 = 4.7 GB
-    "cpu": Sizes(hidden=64, layers=2, lp_batch=2, lp_tokens=48, lp_chunk=16, new_tokens=12),  # 58 MB
+    # [B, T, V] fp32: 4.7 GB on a GPU, 58 MB on the CPU
+    "cuda": Sizes(hidden=128, layers=2, lp_batch=8, lp_tokens=960, lp_chunk=256, new_tokens=32),
+    "cpu": Sizes(hidden=64, layers=2, lp_batch=2, lp_tokens=48, lp_chunk=16, new_tokens=12),
 }
 
 
@@ -236,7 +237,8 @@ def check_sft_bf16(ctx: Context) -> str:
         raise CheckFailed(f"non-finite SFT loss: {losses}")
     if not losses[-1] < losses[0]:
         raise CheckFailed(f"loss did not fall on a fixed batch: {losses[0]:.3f} -> {losses[-1]:.3f}")
-    return f"loss {losses[0]:.3f}->{losses[-1]:.3f} in {cfg.steps} steps, {step_s * 1000:.0f}ms/step, peak {mib(mem.peak)}"
+    return (f"loss {losses[0]:.3f}->{losses[-1]:.3f} in {cfg.steps} steps, {step_s * 1000:.0f}ms/step, "
+            f"peak {mib(mem.peak)}")
 
 
 def check_grpo_bf16(ctx: Context) -> str:
@@ -312,7 +314,8 @@ def check_fsdp_ws1(ctx: Context) -> str:
         raise CheckFailed("the replicate update did not change the weights")
     if diff > 1e-4 * max(1.0, moved):
         raise CheckFailed(f"FSDP weights differ from replicate by {diff:.2e} (update size {moved:.2e})")
-    return f"{backend} world=1 max|w_fsdp - w_replicate|={diff:.2e} (update {moved:.2e}) loss {loss_f:.4f} vs {loss_r:.4f}"
+    return (f"{backend} world=1 max|w_fsdp - w_replicate|={diff:.2e} (update {moved:.2e}) "
+            f"loss {loss_f:.2e} vs {loss_r:.2e}")
 
 
 def chunked_sequence_logprobs(chunk_tokens: int) -> tuple[Callable[..., torch.Tensor], str]:

@@ -1,0 +1,105 @@
+"""bench/gpu_check.sh and bench/gpu_check.py: the GPU check runs end to end on the CPU (so it is not stale when
+a GPU slot comes), prints one ``ok`` line per check, and a failing or hanging check is reported without
+hiding the others."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+
+
+def _gpu_check() -> ModuleType:
+    """bench/gpu_check.py as a module (bench/ is not a package)."""
+    if "gpu_check" in sys.modules:
+        return sys.modules["gpu_check"]
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_every_check_passes_on_the_cpu() -> None:
+    proc = _run("--device", "cpu")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("check ")]
+    names = [line.split(":")[0].removeprefix("check ") for line in lines]
+    assert names == list(_gpu_check().CHECKS), proc.stdout + proc.stderr
+    failed = [line for line in lines if not line.split(": ", 1)[1].startswith("ok ")]
+    assert not failed, "\n".join(failed) + proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    figures = dict(line.split(": ", 1) for line in lines)
+    assert "max|w_fsdp - w_replicate|=" in figures["check fsdp_ws1"]
+    assert "V=151936" in figures["check logprobs_152k"]
+    assert "4/4 identical" in figures["check sampler_parity"]
+
+
+def test_a_failing_or_hanging_check_is_one_fail_line(capsys: pytest.CaptureFixture[str]) -> None:
+    gc = _gpu_check()
+    ctx = gc.Context("cpu", gc.SIZES["cpu"], Path("unused"))
+
+    def wrong(ctx: object) -> str:
+        raise gc.CheckFailed("weights differ by 1.0")
+
+    def broken(ctx: object) -> str:
+        raise RuntimeError("CUDA error: out of memory\nmore detail")
+
+    def hangs(ctx: object) -> str:
+        while True:
+            time.sleep(0.01)
+
+    assert gc.run_check("wrong", wrong, ctx, budget_s=5) is False
+    assert gc.run_check("broken", broken, ctx, budget_s=5) is False
+    assert gc.run_check("hangs", hangs, ctx, budget_s=1) is False
+    assert gc.run_check("fine", lambda ctx: "3 tok/s", ctx, budget_s=5) is True
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("check wrong: FAIL weights differ by 1.0 [")
+    assert out[1].startswith("check broken: FAIL RuntimeError: CUDA error: out of memory [")
+    assert out[2].startswith("check hangs: FAIL TimeoutError: over its 1 s budget [")
+    assert out[3].startswith("check fine: ok 3 tok/s [")
+
+
+def test_sampler_parity_fails_on_a_real_token_difference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device that samples different tokens (not at a near-tie) is a FAIL, not a silent pass."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import build_tiny_chat_model
+
+    gc = _gpu_check()
+    ctx = gc.Context("cpu", gc.SIZES["cpu"], build_tiny_chat_model(tmp_path / "tiny", seed=0))
+    real = gc.tiny_policy
+
+    def device_policy_with_other_weights(ctx: object, dtype: str = "float32", device: str | None = None) -> object:
+        policy = real(ctx, dtype, device)
+        if device is None:  # the "device" side: perturb it so its greedy tokens change
+            import torch
+
+            with torch.no_grad():
+                policy.model.lm_head.weight.mul_(-1.0)
+        return policy
+
+    monkeypatch.setattr(gc, "tiny_policy", device_policy_with_other_weights)
+    with pytest.raises(gc.CheckFailed, match="not a near-tie"):
+        gc.check_sampler_parity(ctx)
+
+
+def test_bad_device_is_refused_with_the_fix() -> None:
+    proc = _run("--device", "tpu", timeout=30)
+    assert proc.returncode == 2
+    assert "--device tpu: use cuda or cpu" in proc.stderr
