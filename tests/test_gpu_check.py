@@ -5,6 +5,7 @@ hiding the others."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -103,3 +104,51 @@ def test_bad_device_is_refused_with_the_fix() -> None:
     proc = _run("--device", "tpu", timeout=30)
     assert proc.returncode == 2
     assert "--device tpu: use cuda or cpu" in proc.stderr
+
+
+# --- bench/engines.py -------------------------------------------------------------------------------
+def _engines() -> ModuleType:
+    if "engines_bench" in sys.modules:
+        return sys.modules["engines_bench"]
+    spec = importlib.util.spec_from_file_location("engines_bench", REPO / "bench" / "engines.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["engines_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
+    """--quick on a tiny model: every prompt gets exactly 32 tokens (end-of-turn suppressed, so engines do the
+    same work), one row per batch size with its figures, a missing vLLM is skipped, and the ratio line ends it."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import build_tiny_chat_model
+
+    model = build_tiny_chat_model(tmp_path / "tiny", seed=0)
+    out = tmp_path / "engines.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engines.py"), "--quick", "--model", str(model), "--engines",
+         "transformers-t1", "vllm", "--vllm-python", str(tmp_path / "no-python"), "--json", str(out)],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("vllm: not installed, skipped") for line in lines)
+    assert lines[-1].startswith("ratio=nan (no other engine ran")
+    rows = json.loads(out.read_text())["transformers-t1"]["rows"]
+    assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 32), (8, 8 * 32)]
+    assert all(r["tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)
+    assert json.loads(out.read_text())["transformers-t1"]["peak_rss_mib"] > 50
+
+
+def test_ratio_is_the_default_engine_over_the_best_other(capsys: pytest.CaptureFixture[str]) -> None:
+    def rows(*rates: float) -> dict:
+        return {"rows": [{"batch": b, "tok_s": r} for b, r in zip((8, 32), rates, strict=True)]}
+
+    results = {"transformers-t1": rows(30.0, 36.0), "transformers-t2": rows(50.0, 90.0), "vllm": rows(50.0, 60.0),
+               "llamacpp": rows(40.0, 45.0)}
+    assert _engines().print_ratio(results, 32) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == "best other engine at batch 32: vllm 60.00 tok/s"  # transformers-t2 is not another engine
+    assert out[-1] == "ratio=0.600"
