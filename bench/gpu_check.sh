@@ -7,7 +7,9 @@
 #
 # The GPU machine is air-gapped and its Python already has torch, transformers (with tokenizers); this
 # script installs only what lemon imports on the checked paths and is missing, from DIR, with
-# `pip install --no-index --find-links DIR`. Nothing here imports kfp, boto3, fastapi or peft.
+# `pip install --no-index --find-links DIR --target $LEMON_GPU_CHECK_DEPS` (a folder put first on PYTHONPATH,
+# default /tmp/lemon-gpu-check-deps): the machine's own Python is never changed, and an externally managed
+# (PEP 668) Python does not refuse. Nothing here imports kfp, boto3, fastapi or peft.
 # The whole run is capped at 8 minutes (timeout 480); each check also has its own budget (--budget-s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,7 @@ DEVICE=cuda
 WHEELS=""
 DOWNLOAD=""
 TARGET_PY=""
+DEPS="${LEMON_GPU_CHECK_DEPS:-${TMPDIR:-/tmp}/lemon-gpu-check-deps}"
 EXTRA=()
 # What lemon_core imports at module import for the checked code paths (config, policy, sft, update, dist,
 # fsdp, pool, rollout) beyond torch/transformers: import name -> distribution (versions as pyproject.toml).
@@ -53,6 +56,7 @@ for mod in torch transformers tokenizers; do
     echo "gpu_check.sh: $PYTHON cannot import $mod; this check expects a Python that already has torch and" \
          "transformers (set PYTHON=/path/to/python)" >&2; exit 2; }
 done
+export PYTHONPATH="$DEPS:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MISSING=()
 for i in "${!MODULES[@]}"; do
   "$PYTHON" -c "import ${MODULES[$i]}" 2>/dev/null || MISSING+=("${DISTS[$i]}")
@@ -61,13 +65,13 @@ if [ ${#MISSING[@]} -gt 0 ]; then
   if [ -z "$WHEELS" ]; then
     echo "gpu_check.sh: missing ${MISSING[*]}; pass --wheels DIR (made with --download-wheels DIR)" >&2; exit 2
   fi
-  echo "installing from $WHEELS: ${MISSING[*]}"
-  "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" "${MISSING[@]}"
+  echo "installing from $WHEELS into $DEPS: ${MISSING[*]}"
+  "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" --target "$DEPS" "${MISSING[@]}"
 fi
 
 # Large allocations straight from mmap, so freed tensors leave the RSS at once: the CPU peak-memory
 # figures (sampled RSS) then measure what each way really holds.
 export MALLOC_MMAP_THRESHOLD_=65536
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec timeout 480 "$PYTHON" bench/gpu_check.py --device "$DEVICE" \
+exec timeout 480 "$PYTHON" bench/gpu_check.py --device "$DEVICE" \
   ${EXTRA[@]+"${EXTRA[@]}"}
