@@ -103,9 +103,13 @@ def vllm_worker(model: str, threads: int, batches: Sequence[int], max_tokens: in
     llm = LLM(model=model, dtype="float32", seed=0, max_model_len=1024, max_num_seqs=max(batches))
     tokenizer = llm.get_tokenizer()
 
+    def prompt_ids(text: str) -> list[int]:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "input_ids") else ids)
+
     def generate(prompts: list[str], n: int) -> int:
-        ids = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=True) for p in prompts]
+        ids = [prompt_ids(p) for p in prompts]
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs)
