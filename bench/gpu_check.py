@@ -10,13 +10,14 @@ Checks (names as printed):
 
 * ``env``            torch/transformers versions, the device, bf16 support.
 * ``sft_bf16``       ``lemon_core.sft.sft_train`` on a bf16 policy: the loss on a fixed batch must fall.
-* ``grpo_bf16``      ``lemon_core.update.grpo_update`` on bf16 policy + KL reference with records sampled by the
+* ``grpo_bf16``      ``lemon_core.update.grpo_update`` on a bf16 policy loaded as the trainer loads it (chunked
+                     log-probs, ``optim.logprob_mode: hidden``) + bf16 KL reference, with records sampled by the
                      policy itself: finite loss and gradient, weights move, on-policy PPO ratio ~ 1.
 * ``fsdp_ws1``       a process group of world size 1 (NCCL on CUDA, gloo on CPU), the policy sharded with
                      the FSDP strategy, one ``grpo_update``; weights must equal the replicate update's.
 * ``logprobs_152k``  completion log-probs at the Qwen2.5 vocabulary (151,936) with forward + backward: the
-                     full [B, T, V] float32 log_softmax versus the chunked ``sequence_logprobs``; peak memory
-                     of both and their max abs difference.
+                     full [B, T, V] float32 log_softmax versus the chunked ``sequence_logprobs`` (modes hidden
+                     and logits); peak memory of each and the max abs difference.
 * ``sampler_parity`` greedy ``OrchestratorPolicy.sample`` (fp32): one prompt at a time on the CPU versus a
                      batch on the device; the same tokens (a flip at a numerical near-tie is reported, not failed).
 """
@@ -162,6 +163,13 @@ def tiny_policy(ctx: Context, dtype: str = "float32", device: str | None = None)
                                    include_format=False)
 
 
+def trainer_policy(cfg: Any, ctx: Context) -> Any:
+    """The policy as ``lemon train`` loads it (dtype, prompt settings and log-prob mode from ``cfg``)."""
+    from lemon_core.train import load_policy
+
+    return load_policy(cfg, str(ctx.model_dir))
+
+
 def questions(n: int) -> list[str]:
     return [f"Janet has {3 + i} apples and buys {5 * i + 1} more. How many apples does she have?" for i in range(n)]
 
@@ -246,10 +254,11 @@ def check_grpo_bf16(ctx: Context) -> str:
     from lemon_core.config import TrainConfig
     from lemon_core.update import grpo_update
 
-    policy = tiny_policy(ctx, "bfloat16")
+    cfg = TrainConfig(device=ctx.device, dtype="bfloat16", include_roles=False, include_format=False,
+                      grpo={"kl_coef": 0.04}, optim={"micro_batch_size": 4, "logprob_mode": "hidden"})
+    policy = trainer_policy(cfg, ctx)
     ref = tiny_policy(ctx, "bfloat16").model.eval().requires_grad_(False)
     records = sampled_records(policy, ctx)
-    cfg = TrainConfig(device=ctx.device, dtype="bfloat16", grpo={"kl_coef": 0.04}, optim={"micro_batch_size": 4})
     optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     before = weights(policy.model)
@@ -264,7 +273,8 @@ def check_grpo_bf16(ctx: Context) -> str:
     if abs(m["ratio/mean"] - 1.0) > 0.05:  # sampled by this very policy: new/old log-probs must agree
         raise CheckFailed(f"on-policy ratio/mean={m['ratio/mean']:.4f}, expected ~1 (sampling and training "
                           "log-probs disagree)")
-    return (f"loss {m['loss']:.2e} grad_norm {m['grad_norm']:.3f} ratio {m['ratio/mean']:.4f} kl {m.get('kl', 0):.2e} "
+    return (f"logprob_mode={policy.logprob_mode} loss {m['loss']:.2e} grad_norm {m['grad_norm']:.3f} "
+            f"ratio {m['ratio/mean']:.4f} kl {m.get('kl', 0):.2e} "
             f"{m['update_tokens_per_s']:.0f} tok/s, peak {mib(mem.peak)}")
 
 
@@ -318,20 +328,20 @@ def check_fsdp_ws1(ctx: Context) -> str:
             f"loss {loss_f:.2e} vs {loss_r:.2e}")
 
 
-def chunked_sequence_logprobs(chunk_tokens: int) -> tuple[Callable[..., torch.Tensor], str]:
-    """lemon_core.logprobs.sequence_logprobs (chunked, no [B, T, V] tensor) when that module exists, else the
-    log-probs the trainer uses today (lemon_core.grpo.sequence_logprobs)."""
+def chunked_variants(chunk_tokens: int) -> dict[str, Callable[..., torch.Tensor]]:
+    """The chunked ``lemon_core.logprobs.sequence_logprobs`` in both modes when that module exists; else the
+    log-probs the trainer used before it (``lemon_core.grpo.sequence_logprobs``), so the check still runs."""
     try:
         from lemon_core.logprobs import sequence_logprobs
-
-        def chunked(*args: Any) -> torch.Tensor:
-            return sequence_logprobs(*args, mode="hidden", chunk_tokens=chunk_tokens)
-
-        return chunked, f"lemon_core.logprobs mode=hidden chunk={chunk_tokens}"
     except ImportError:
         from lemon_core.grpo import sequence_logprobs as grpo_logprobs
 
-        return grpo_logprobs, "lemon_core.grpo (no lemon_core.logprobs)"
+        return {"grpo(no lemon_core.logprobs)": grpo_logprobs}
+
+    def mode(name: str) -> Callable[..., torch.Tensor]:
+        return lambda *args: sequence_logprobs(*args, mode=name, chunk_tokens=chunk_tokens)
+
+    return {"hidden": mode("hidden"), "logits": mode("logits")}
 
 
 def full_softmax_logprobs(model: Any, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
@@ -353,7 +363,6 @@ def check_logprobs_152k(ctx: Context) -> str:
     prompt = 16
     ids = torch.randint(0, QWEN_VOCAB, (s.lp_batch, prompt + s.lp_tokens), device=ctx.device)
     mask = torch.ones_like(ids)
-    chunked, name = chunked_sequence_logprobs(s.lp_chunk)
 
     def run(fn: Callable[..., torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         model.zero_grad(set_to_none=True)
@@ -363,17 +372,18 @@ def check_logprobs_152k(ctx: Context) -> str:
         grad = model.lm_head.weight.grad.detach().clone()
         return lp.detach(), grad, mem.peak
 
-    lp_c, grad_c, peak_c = run(chunked)
+    chunked = {name: run(fn) for name, fn in chunked_variants(s.lp_chunk).items()}  # before full: a cold RSS
     lp_f, grad_f, peak_f = run(full_softmax_logprobs)
-    diff = float((lp_c - lp_f).abs().max())
-    grad_diff = float((grad_c - grad_f).abs().max())
+    diff = max(float((lp - lp_f).abs().max()) for lp, _, _ in chunked.values())
+    grad_diff = max(float((g - grad_f).abs().max()) for _, g, _ in chunked.values())
+    peaks = " ".join(f"{name} {mib(peak)}" for name, (_, _, peak) in chunked.items())
     bvt = s.lp_batch * s.lp_tokens * QWEN_VOCAB * 4
-    figure = (f"B={s.lp_batch} T={s.lp_tokens} V={QWEN_VOCAB} ([B,T,V] fp32 {mib(bvt)}): peak full {mib(peak_f)} "
-              f"chunked {mib(peak_c)} ({name}); max|dlogp|={diff:.2e} max|dgrad_head|={grad_diff:.2e}")
+    figure = (f"B={s.lp_batch} T={s.lp_tokens} V={QWEN_VOCAB} chunk={s.lp_chunk} ([B,T,V] fp32 {mib(bvt)}): "
+              f"peak full {mib(peak_f)}, chunked {peaks}; max|dlogp|={diff:.2e} max|dgrad_head|={grad_diff:.2e}")
     if diff > 1e-3 or grad_diff > 1e-3:
         raise CheckFailed(f"chunked and full log-probs disagree: {figure}")
-    if ctx.device.startswith("cuda") and name.startswith("lemon_core.logprobs") and peak_c >= peak_f / 2:
-        raise CheckFailed(f"chunked log-probs saved less than half the peak memory: {figure}")
+    if ctx.device.startswith("cuda") and "hidden" in chunked and chunked["hidden"][2] >= peak_f / 2:
+        raise CheckFailed(f"chunked (hidden) log-probs saved less than half the peak memory: {figure}")
     return figure
 
 
