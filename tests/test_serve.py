@@ -218,6 +218,18 @@ def test_a_json_trained_orchestrator_is_prompted_for_json_and_its_spec_runs(tmp_
         assert "JSON object" in prompt and "```yaml" not in prompt
 
 
+def test_orchestrate_returns_the_spec_picture_on_request(tmp_path: Path) -> None:
+    with Harness(tmp_path) as h:
+        plain = h.post("/v1/orchestrate", {"task": "What is 40 + 2?"}).json()
+        assert plain["picture_svg"] is None
+        body = h.post("/v1/orchestrate", {"task": "What is 40 + 2?", "picture": True}).json()
+        if body["picture_error"]:  # no Graphviz here: the answer still stands and the reason is given
+            assert "graphviz" in body["picture_error"].lower() and body["answer"]
+            return
+        svg = body["picture_svg"]
+        assert svg.startswith("<svg") and "Arithmetic solver" in svg and "Answer checker" in svg
+
+
 def test_orchestrate_returns_spec_trace_and_answer(tmp_path: Path) -> None:
     with Harness(tmp_path) as h:
         resp = h.post("/v1/orchestrate", {"task": "What is 40 + 2?", "benchmark": "gsm8k"})

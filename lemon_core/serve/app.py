@@ -69,6 +69,7 @@ class OrchestrateRequest(BaseModel):
     answer_format: str | None = Field(None, description="how the final answer must look (one line)")
     benchmark: str | None = Field(None, description="use this benchmark's answer format (e.g. gsm8k)")
     budget: Budget | None = None
+    picture: bool = Field(False, description="also return the spec as an SVG picture (lemon_core/spec_picture.py)")
 
 
 class AgentOut(BaseModel):
@@ -107,6 +108,8 @@ class OrchestrateResponse(BaseModel):
     trace: TraceOut
     answer: str
     seconds: dict[str, float] = Field(description="wall time of the batch stages this request was part of")
+    picture_svg: str | None = Field(None, description="the spec as SVG, when the request asked for it")
+    picture_error: str | None = Field(None, description="why no picture could be drawn (the answer still stands)")
 
 
 class ChatMessage(BaseModel):
@@ -241,7 +244,10 @@ def create_app(settings: ServeSettings, *, pool: CapacityPool | None = None,
         """Task -> the spec the orchestrator wrote, the executed trace, and the answer."""
         job = _job(service, body.task, "task", body.answer_format, body.benchmark, body.budget)
         result = await _run(service, job, request)
-        return _orchestrate_response(result)
+        response = _orchestrate_response(result)
+        if body.picture:
+            _add_picture(response, result, service.pool.level_names)
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
@@ -375,6 +381,18 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _add_picture(response: OrchestrateResponse, result: JobResult, levels: list[str]) -> None:
+    """The spec as SVG (the same picture the report and `lemon spec show` draw); a missing Graphviz is
+    reported in ``picture_error``, never a failed request."""
+    from lemon_core.spec_picture import SpecPictureError, spec_svg
+
+    assert result.spec.parsed is not None
+    try:
+        response.picture_svg = spec_svg(result.spec.parsed.spec, levels)
+    except SpecPictureError as e:
+        response.picture_error = str(e)
 
 
 def _orchestrate_response(result: JobResult) -> OrchestrateResponse:
