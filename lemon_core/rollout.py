@@ -194,23 +194,12 @@ def _score(trace: Trace, example: Any, scorer: Scorer) -> float:
     return scorer(trace.answer, example) if trace.ok else 0.0
 
 
-def collect_rollouts(
-    policy: OrchestratorPolicy,
-    examples: Sequence[Any],
-    pool: CapacityPool,
-    cfg: RolloutConfig,
-    reward_cfg: RewardConfig,
-    sampler: EditFamilySampler,
-    *,
-    step: int,
-    seed: int,
-    scorer: Scorer = benchmark_scorer,
-    progress: bool = False,
-) -> tuple[list[RolloutRecord], RolloutStats]:
-    """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
-    from lemon_core.progress import progress as progress_of
-
-    bar = progress_of(3, f"rollout step {step}", unit="phase", mode=None if progress else "off")
+def sample_records(
+    policy: OrchestratorPolicy, examples: Sequence[Any], pool: CapacityPool, cfg: RolloutConfig,
+    reward_cfg: RewardConfig, *, step: int, seed: int,
+) -> tuple[list[RolloutRecord], list[ParsedSpec | None], list[Any]]:
+    """G sampled completions per example as records (invalid until executed), their parsed specs (None:
+    invalid, with the reason in ``record.error``) and the example each belongs to."""
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
     groups = policy.sample(
         prompts,
@@ -249,6 +238,27 @@ def collect_rollouts(
             parsed.append(p)
             owners.append(ex)
 
+    return records, parsed, owners
+
+
+def collect_rollouts(
+    policy: OrchestratorPolicy,
+    examples: Sequence[Any],
+    pool: CapacityPool,
+    cfg: RolloutConfig,
+    reward_cfg: RewardConfig,
+    sampler: EditFamilySampler,
+    *,
+    step: int,
+    seed: int,
+    scorer: Scorer = benchmark_scorer,
+    progress: bool = False,
+) -> tuple[list[RolloutRecord], RolloutStats]:
+    """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
+    from lemon_core.progress import progress as progress_of
+
+    bar = progress_of(3, f"rollout step {step}", unit="phase", mode=None if progress else "off")
+    records, parsed, owners = sample_records(policy, examples, pool, cfg, reward_cfg, step=step, seed=seed)
     bar.update(sampled=len(records), valid=sum(r.valid for r in records) / max(len(records), 1))
     stats = RolloutStats()
     cache = ExecutionCache()

@@ -27,12 +27,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemon_core import baselines
+from lemon_core.errors import ConfigError
 from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.rollout import parse_completion
+from lemon_core.rollout import Scorer, benchmark_scorer, parse_completion
 from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
-from lemon_core.teachers import SweepConfig
+from lemon_core.stats import wilson_interval
+from lemon_core.teachers import SweepConfig, candidate_specs, sweep_report, sweep_teachers
 
 TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
 
@@ -271,3 +273,76 @@ def check_token_budget(policy: OrchestratorPolicy, completions: Sequence[str], m
         )
     return figures
 
+
+# --- the warm-up step of the training flow (lemon_core/train.py) ---------------------------------
+class SFTReport(BaseModel):
+    """What the SFT warm-up did: the valid-spec rate before and after (with n and a 95% interval), the loss,
+    the sizes, and for ``teacher: sweep`` which candidates were taught."""
+
+    valid_rate_before: float | None
+    valid_rate_after: float | None
+    valid_rate_after_ci: tuple[float, float] | None = None
+    valid_samples: int = 0
+    loss_first: float | None
+    loss_last: float | None
+    pairs: int
+    steps: int
+    rounds: int = 1
+    teacher: str = "templated"
+    sweep: dict[str, Any] | None = None
+
+
+def sft_valid_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: CapacityPool,
+                   cfg: Any) -> float:
+    """Valid-spec rate of ``policy`` on ``questions``, sampled as rollouts sample (before/after SFT)."""
+    return valid_spec_rate(
+        policy, questions, pool, samples=cfg.sft.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature, seed=cfg.seed,
+    )
+
+
+def teacher_pairs(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_tasks: Sequence[Any],
+                  scorer: Scorer, progress: bool) -> tuple[list[tuple[str, str]], dict[str, Any] | None]:
+    """(question, completion) SFT pairs: templated specs, plus for ``sft.teacher: sweep`` each task's
+    best-reward spec measured on the pool (``teachers.py``); returns the sweep report too. The sampling
+    budget is checked against every possible target first (``check_token_budget``), before the sweep runs."""
+    pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed, cfg.spec_format)
+    targets = [c for _, c in pairs]
+    if cfg.sft.teacher == "sweep":
+        targets += [spec_completion(s, cfg.spec_format) for s in candidate_specs(pool, cfg.sft.sweep).values()]
+    if cfg.rollout.check_budget:
+        check_token_budget(policy, targets, cfg.rollout.max_new_tokens)
+    if cfg.sft.teacher != "sweep":
+        return pairs, None
+    choices = sweep_teachers(train_tasks, pool, cfg.sft.sweep, cfg.reward, scorer, cfg.seed, progress)
+    by_id = {str(t.id): t for t in train_tasks}
+    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, cfg.spec_format)) for c in choices]
+    return pairs, sweep_report(choices)
+
+
+def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_tasks: Sequence[Any],
+               held_out_questions: Sequence[str], progress: bool = True,
+               scorer: Scorer = benchmark_scorer) -> SFTReport:
+    """SFT warm-up of ``policy`` in place on teacher specs for ``train_tasks``; the valid-spec rate is measured
+    on held-out questions before and after (after every round when ``sft.target_valid_rate`` is set)."""
+    questions = list(held_out_questions[: cfg.sft.eval_tasks])
+    before = sft_valid_rate(policy, questions, pool, cfg) if questions else None
+    pairs, sweep = teacher_pairs(policy, cfg, pool, train_tasks, scorer, progress) if cfg.sft.enabled else ([], None)
+    if cfg.sft.enabled and not pairs:
+        raise ConfigError("sft: no (question, spec) pairs to learn from; set sft.pairs_per_task >= 1, "
+                          "sft.teacher: sweep, or sft.teacher_jsonl (or sft.enabled: false)")
+    losses: list[float] = []
+    after, rounds = None, 0
+    while pairs and rounds < cfg.sft.max_rounds:
+        rounds += 1
+        losses += sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed + rounds - 1, progress=progress)
+        after = sft_valid_rate(policy, questions, pool, cfg) if questions else None
+        if cfg.sft.target_valid_rate is None or after is None or after >= cfg.sft.target_valid_rate:
+            break
+    if not pairs and questions:
+        after = before
+    n = len(questions) * cfg.sft.eval_samples
+    return SFTReport(valid_rate_before=before, valid_rate_after=after, loss_first=losses[0] if losses else None,
+                     valid_rate_after_ci=wilson_interval(after * n, n) if after is not None and n else None,
+                     valid_samples=n, loss_last=losses[-1] if losses else None, pairs=len(pairs),
+                     steps=cfg.sft.steps * rounds, rounds=rounds, teacher=cfg.sft.teacher, sweep=sweep)

@@ -48,13 +48,11 @@ from lemon_core.checkpoint import (
 from lemon_core.config import TrainConfig, resolve_dtype
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
 from lemon_core.dist import Strategy, all_gather, barrier, make_strategy, world
-from lemon_core.errors import ConfigError
 from lemon_core.evaluate import evaluate, write_specs
 from lemon_core.lora import apply_lora
 from lemon_core.models import resolve_model
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool, load_pool
-from lemon_core.prompts import spec_completion
 from lemon_core.rollout import (
     RolloutRecord,
     RolloutStats,
@@ -65,9 +63,7 @@ from lemon_core.rollout import (
     rollout_metrics,
     write_records,
 )
-from lemon_core.sft import check_token_budget, sft_pairs, sft_train, valid_spec_rate
-from lemon_core.stats import wilson_interval
-from lemon_core.teachers import candidate_specs, sweep_report, sweep_teachers
+from lemon_core.sft import SFTReport, sft_valid_rate, sft_warmup  # noqa: F401 - the flow's SFT step
 from lemon_core.update import grpo_update
 
 
@@ -227,79 +223,6 @@ def close_state(state: TrainState) -> None:
 
 
 # --- SFT ------------------------------------------------------------------------------------------
-class SFTReport(BaseModel):
-    """What the SFT warm-up did: the valid-spec rate before and after (with n and a 95% interval), the loss,
-    the sizes, and for ``teacher: sweep`` which candidates were taught."""
-
-    valid_rate_before: float | None
-    valid_rate_after: float | None
-    valid_rate_after_ci: tuple[float, float] | None = None
-    valid_samples: int = 0
-    loss_first: float | None
-    loss_last: float | None
-    pairs: int
-    steps: int
-    rounds: int = 1
-    teacher: str = "templated"
-    sweep: dict[str, Any] | None = None
-
-
-def sft_valid_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: CapacityPool,
-                   cfg: TrainConfig) -> float:
-    """Valid-spec rate of ``policy`` on ``questions``, sampled as rollouts sample (before/after SFT)."""
-    return valid_spec_rate(
-        policy, questions, pool, samples=cfg.sft.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature, seed=cfg.seed,
-    )
-
-
-def teacher_pairs(policy: OrchestratorPolicy, cfg: TrainConfig, pool: CapacityPool, train_tasks: Sequence[Any],
-                  scorer: Scorer, progress: bool) -> tuple[list[tuple[str, str]], dict[str, Any] | None]:
-    """(question, completion) SFT pairs: templated specs, plus for ``sft.teacher: sweep`` each task's
-    best-reward spec measured on the pool (``teachers.py``); returns the sweep report too. The sampling
-    budget is checked against every possible target first (``check_token_budget``), before the sweep runs."""
-    pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed, cfg.spec_format)
-    targets = [c for _, c in pairs]
-    if cfg.sft.teacher == "sweep":
-        targets += [spec_completion(s, cfg.spec_format) for s in candidate_specs(pool, cfg.sft.sweep).values()]
-    if cfg.rollout.check_budget:
-        check_token_budget(policy, targets, cfg.rollout.max_new_tokens)
-    if cfg.sft.teacher != "sweep":
-        return pairs, None
-    choices = sweep_teachers(train_tasks, pool, cfg.sft.sweep, cfg.reward, scorer, cfg.seed, progress)
-    by_id = {str(t.id): t for t in train_tasks}
-    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, cfg.spec_format)) for c in choices]
-    return pairs, sweep_report(choices)
-
-
-def sft_warmup(policy: OrchestratorPolicy, cfg: TrainConfig, pool: CapacityPool, train_tasks: Sequence[Any],
-               held_out_questions: Sequence[str], progress: bool = True,
-               scorer: Scorer = benchmark_scorer) -> SFTReport:
-    """SFT warm-up of ``policy`` in place on teacher specs for ``train_tasks``; the valid-spec rate is measured
-    on held-out questions before and after (after every round when ``sft.target_valid_rate`` is set)."""
-    questions = list(held_out_questions[: cfg.sft.eval_tasks])
-    before = sft_valid_rate(policy, questions, pool, cfg) if questions else None
-    pairs, sweep = teacher_pairs(policy, cfg, pool, train_tasks, scorer, progress) if cfg.sft.enabled else ([], None)
-    if cfg.sft.enabled and not pairs:
-        raise ConfigError("sft: no (question, spec) pairs to learn from; set sft.pairs_per_task >= 1, "
-                          "sft.teacher: sweep, or sft.teacher_jsonl (or sft.enabled: false)")
-    losses: list[float] = []
-    after, rounds = None, 0
-    while pairs and rounds < cfg.sft.max_rounds:
-        rounds += 1
-        losses += sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed + rounds - 1, progress=progress)
-        after = sft_valid_rate(policy, questions, pool, cfg) if questions else None
-        if cfg.sft.target_valid_rate is None or after is None or after >= cfg.sft.target_valid_rate:
-            break
-    if not pairs and questions:
-        after = before
-    n = len(questions) * cfg.sft.eval_samples
-    return SFTReport(valid_rate_before=before, valid_rate_after=after, loss_first=losses[0] if losses else None,
-                     valid_rate_after_ci=wilson_interval(after * n, n) if after is not None and n else None,
-                     valid_samples=n, loss_last=losses[-1] if losses else None, pairs=len(pairs),
-                     steps=cfg.sft.steps * rounds, rounds=rounds, teacher=cfg.sft.teacher, sweep=sweep)
-
-
 # --- one iteration --------------------------------------------------------------------------------
 @dataclass
 class IterationStats:
