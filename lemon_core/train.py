@@ -309,7 +309,8 @@ def evaluate_policy(state: TrainState, tasks: Sequence[Any], scorer: Scorer, see
     """
     if not tasks:
         return {}
-    rank, world_size = state.rank, state.world_size
+    # a replicated policy is evaluated by rank 0 alone; a sharded one samples collectively, split over ranks
+    rank, world_size = (state.rank, state.world_size) if state.strategy.sharded else (0, 1)
     share = list(tasks[rank::world_size])
     padded = share + [tasks[0]] * (-(-len(tasks) // world_size) - len(share))
     with state.strategy.sampling(state.policy.model):

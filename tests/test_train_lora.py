@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("peft")
 
 import lemon_core.train as train_mod  # noqa: E402
+import lemon_core.update as update_mod  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
 from lemon_core.checkpoint import latest_checkpoint  # noqa: E402
 from lemon_core.config import TrainConfig  # noqa: E402
@@ -97,7 +98,7 @@ def test_reference_is_the_adapter_disabled_model(run: dict[str, Any]) -> None:
     prompt = policy.prompt_ids(TASKS[0].question, pool)
     completion = policy.completion_ids("```yaml\nagents: []\n```")
     with torch.no_grad():
-        ref = train_mod._ref_logprobs(policy, None, [prompt], [completion], 1.0)
+        ref = update_mod.ref_logprobs(policy, None, [prompt], [completion], 1.0)
         now = policy.logprob_tensor([prompt], [completion])[0]
     base = OrchestratorPolicy.load(str(run["root"] / "run" / "sft-model"), include_roles=False)  # the SFT model
     plain = torch.tensor(base.logprobs([prompt], [completion])[0])
