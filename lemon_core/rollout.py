@@ -49,6 +49,7 @@ from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
 from lemon_core.spec import ParsedSpec, SpecError, parse_spec, spec_json_schema
+from lemon_core.stats import mean_interval
 from lemon_core.vllm_sampler import VLLMSampler, VLLMSamplerConfig
 
 Scorer = Callable[[str, Any], float]
@@ -342,10 +343,14 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     """The metrics row of one step's records: reward terms, valid rate, capacity mix, Δ per edit family."""
     valid = [r for r in records if r.valid]
     totals = [r.reward.total for r in records]
+    low, high = mean_interval(totals)
     m: dict[str, Any] = {
         "reward/mean": statistics.fmean(totals),
         "reward/std": statistics.pstdev(totals),
+        "reward/ci_low": low,  # 95% interval of the mean reward (normal approximation over the samples)
+        "reward/ci_high": high,
         "valid_rate": len(valid) / len(records),
+        "success_rate": statistics.fmean(r.score for r in records),  # invalid specs count as failures
         "truncated_rate": sum(r.truncated for r in records) / len(records),
     }
     for term in ("success", "efficiency", "structure", "cost", "invalid"):
@@ -353,13 +358,14 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     if valid:
         m["score"] = statistics.fmean(r.score for r in valid)
         m["tokens_per_execution"] = statistics.fmean(r.tokens for r in valid)
-        m["cost"] = statistics.fmean(r.cost for r in valid)
+        m["cost"] = m["cost/mean"] = statistics.fmean(r.cost for r in valid)
     specs = [r.spec for r in valid if r.spec]  # records read back without their spec have none
     if specs:
         m["agents/mean"] = statistics.fmean(len(spec["agents"]) for spec in specs)
         agents = [a for spec in specs for a in spec["agents"]]
         for level in levels:
-            m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
+            share = sum(a["capacity"] == level for a in agents) / len(agents)
+            m[f"capacity/{level}"] = m[f"capacity_share/{level}"] = share
     by_family: dict[str, list[float]] = defaultdict(list)
     for r in records:
         for e in r.edits:
@@ -368,6 +374,7 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
         if by_family[family.value]:
             m[f"delta/{family.value}"] = statistics.fmean(by_family[family.value])
             m[f"delta_abs/{family.value}"] = statistics.fmean(abs(d) for d in by_family[family.value])
+            m[f"delta_count/{family.value}"] = len(by_family[family.value])
     m["completion_tokens"] = statistics.fmean(len(r.completion_ids) for r in records)
     return m
 
