@@ -82,6 +82,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import unicodedata
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,7 +116,55 @@ def _llguidance() -> Any:
 # --- character classes (Rust regex syntax inside Lark /.../) ---------------------------------------------
 # YAML 1.1 printable characters (PyYAML's reader refuses the rest) without tab, the line breaks
 # U+0085/U+2028/U+2029 and the byte-order mark: what may stand raw on a line of a spec.
-_LINE = r"\x20-\x7E\xA0-\x{2027}\x{202A}-\x{D7FF}\x{E000}-\x{FEFE}\x{FF00}-\x{FFFD}\x{10000}-\x{10FFFF}"
+_PRINTABLE = [(0x20, 0x7E), (0xA0, 0x2027), (0x202A, 0xD7FF), (0xE000, 0xFEFE), (0xFF00, 0xFFFD),
+              (0x10000, 0x10FFFF)]  # what YAML writes unescaped on one line
+
+
+def _hidden_codes() -> set[int]:
+    """Code points spec.py refuses in a role or duty (control, invisible format, surrogate, line/paragraph
+    separator: ``spec._HIDDEN_CATEGORIES``), from this Python's Unicode tables, as spec.py reads them."""
+    from lemon_core.spec import _HIDDEN_CATEGORIES
+
+    return {c for lo, hi in [(0, 0x10FFFF)] for c in range(lo, hi + 1)
+            if unicodedata.category(chr(c)) in _HIDDEN_CATEGORIES}
+
+
+def _ranges_class(ranges: list[tuple[int, int]]) -> str:
+    return "".join(f"\\x{{{lo:X}}}" + (f"-\\x{{{hi:X}}}" if hi > lo else "") for lo, hi in ranges)
+
+
+def _visible_line() -> str:
+    """The regex class body of one-line text characters: printable and not hidden (so every sampled role
+    or duty passes spec.py's visibility check)."""
+    hidden = _hidden_codes()
+    out: list[tuple[int, int]] = []
+    for lo, hi in _PRINTABLE:
+        start = None
+        for c in range(lo, hi + 2):
+            ok = c <= hi and c not in hidden
+            if ok and start is None:
+                start = c
+            elif not ok and start is not None:
+                out.append((start, c - 1))
+                start = None
+    return _ranges_class(out).replace("\\\\", "\\")
+
+
+_LINE = _visible_line()
+
+_H = "[0-9a-fA-F]"
+# \xHH, \uHHHH and \UHHHHHHHH escapes of visible characters only: Latin-1 without the soft hyphen; the BMP
+# without controls, Arabic/Syriac format characters, zero-width and bidi controls, surrogates, BOM and
+# interlinear annotations; emoji and CJK extension planes. (A few visible ranges are left out for a short
+# rule: written literally they are still accepted.)
+_VISIBLE_ESCAPES = "|".join([
+    "x([aA][0-9a-cA-CeEfF]|[b-fB-F][0-9a-fA-F])",
+    f"u(00[a-fA-F]{_H}|0[1-5]{_H}{{2}}|0[9a-fA-F]{_H}{{2}}|1[0-7]{_H}{{2}}|1[9a-fA-F]{_H}{{2}}"
+    f"|20[7-9a-fA-F]{_H}|2[1-9a-fA-F]{_H}{{2}}|[3-9a-cA-C]{_H}{{3}}|[dD][0-7]{_H}{{2}}|[eE]{_H}{{3}}"
+    f"|[fF][0-9a-dA-D]{_H}{{2}}|[fF][eE][0-9a-eA-E]{_H}|[fF][eE][fF][0-9a-eA-E]|[fF]{{2}}[0-9a-eA-E]{_H}"
+    f"|[fF]{{3}}[0-8])",
+    f"U(0001[fF]{_H}{{3}}|000[23]{_H}{{4}})",
+])
 # str.isspace() characters: parse_spec refuses a role or duty made only of these.
 _SPACE_CODES = [0x9, 0xA, 0xB, 0xC, 0xD, *range(0x1C, 0x21), 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
                 0x2028, 0x2029, 0x202F, 0x205F, 0x3000]
@@ -143,8 +192,6 @@ def _space_escapes() -> str:
 def _lexemes(limits: SpecLimits) -> str:
     """Lark terminal definitions shared by every field: ids and the four ways YAML writes text."""
     space = "".join(f"\\x{{{c:X}}}" for c in _SPACE_CODES)
-    hx = "[0-9a-fA-F]"
-    bmp = f"([0-9a-cA-CeEfF]{hx}{{3}}|[dD][0-7]{hx}{{2}})"  # 4 hex digits, no surrogate halves
     return "\n".join([
         f"ID: /[A-Za-z0-9_][A-Za-z0-9_.\\-]{{0,{limits.max_id_chars - 1}}}/",
         'ID_VALUE: (ID & ~/null|Null|NULL/) | "\'" ID "\'"',  # a plain null would read as "missing"
@@ -157,9 +204,10 @@ def _lexemes(limits: SpecLimits) -> str:
         "PLAIN: PHEAD (PUNIT | / +/ PUNIT_AFTER_SPACE)*",
         # quoted scalars: one repetition = one character of the value, so {0,N} bounds the value
         f"SQ_UNIT: {_cls(_LINE, chr(39))} | \"''\"",
+        # escapes: only those of visible text (a control or numeric escape of a hidden character would
+        # smuggle in what spec.py refuses); numeric ones for the visible ranges render_spec writes
         f"DQ_UNIT: {_cls(_LINE, chr(34) + chr(92) * 2)}"
-        f" | /\\\\[0abtnvfre\"\\\\\\/ _NLP]/ | /\\\\x{hx}{{2}}/ | /\\\\u{bmp}/"
-        f" | /\\\\U(0000{bmp}|000[1-9a-fA-F]{hx}{{4}}|0010{hx}{{4}})/",
+        f" | /\\\\[tn\"\\\\\\/ _]/ | /\\\\({_VISIBLE_ESCAPES})/",
         f"DQ_SPACE: /{_space_escapes()}/ | /[{space}&&[^\\x09-\\x0D\\x1C-\\x1F\\x{{85}}\\x{{2028}}\\x{{2029}}]]/",
         # literal block scalar at indent 6: non-blank lines, empty lines between; a line break counts 1
         f"BL_CHAR: {_cls(_LINE)}",
@@ -255,8 +303,8 @@ def _sequential_ids(n_agents: int, *, head: str, between: str, tail: str, agent:
 
 
 # characters YAML refuses, or reads as line breaks, inside the JSON (which parse_spec reads as YAML)
-_JSON_TEXT = r"[^\x7F-\x9F\u2028\u2029\uFFFE\uFFFF]"
-_JSON_NOT_SPACE = "[^" + "".join(f"\\u{c:04x}" for c in _SPACE_CODES) + r"\x7F-\x9F\uFFFE\uFFFF]"
+_JSON_TEXT = "[" + _LINE + "\\x{9}\\x{A}]"  # a duty may hold tabs and line breaks
+_JSON_NOT_SPACE = "[" + _LINE + "&&[^" + "".join(f"\\x{{{c:X}}}" for c in _SPACE_CODES) + "]]"
 
 
 def _json_schema(levels: Sequence[str], limits: SpecLimits) -> dict[str, Any]:
@@ -264,8 +312,9 @@ def _json_schema(levels: Sequence[str], limits: SpecLimits) -> dict[str, Any]:
     llguidance's compact separators, so it admits exactly the form ``render_spec_json`` writes."""
     schema = spec_json_schema(levels, limits)
     agent = schema["properties"]["agents"]["items"]["properties"]
-    for name in ("role", "duty"):
-        agent[name]["pattern"] = f"^{_JSON_TEXT}*{_JSON_NOT_SPACE}{_JSON_TEXT}*$"
+    agent["duty"]["pattern"] = f"^{_JSON_TEXT}*{_JSON_NOT_SPACE}{_JSON_TEXT}*$"  # tabs, line breaks fine
+    line = f"[{_LINE}]"
+    agent["role"]["pattern"] = f"^{line}*{_JSON_NOT_SPACE}{line}*$"  # a role is one line
     schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
     return schema
 
@@ -512,12 +561,14 @@ _REFERENCE_MARKS = (
     "is listed twice; list each dependency once",
     ": dependency cycle ",
     "is declared later; depends_on may only name EARLIER agents",
+    "whose work would then be thrown away",  # the output is read by another agent
+    ": no agent depends on it and it is not the output",  # an agent whose work is lost
 )
 
 
 def is_reference_error(error: SpecError) -> bool:
-    """True for the ``parse_spec`` errors about references (ids unique, dependencies and output naming
-    earlier/existing agents, no cycles): the checks a context-free grammar cannot express. Matched on
-    the messages ``spec._check_graph`` writes."""
+    """True for the ``parse_spec`` errors about references and the graph (ids unique, dependencies and
+    output naming earlier/existing agents, no cycles, every agent feeding the output, the output read by
+    none): the checks a context-free grammar cannot express. Matched on the messages spec.py writes."""
     message = str(error)
     return any(mark in message for mark in _REFERENCE_MARKS)

@@ -84,17 +84,20 @@ def _outcome(text: str) -> str:
 
 
 def _repair_references(text: str, spec_format: str) -> str:
-    """The same spec with ids a0.., no dependencies and the last agent as output: every reference valid."""
+    """The same spec with ids a0.., each agent reading the one before and the last agent as output: every
+    reference and graph rule holds."""
     if spec_format == "json":
         data = json.loads(text)
         for i, agent in enumerate(data["agents"]):
-            agent["id"], agent["depends_on"] = f"a{i}", []
+            agent["id"], agent["depends_on"] = f"a{i}", ([f"a{i - 1}"] if i else [])
         data["output"] = f"a{len(data['agents']) - 1}"
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    counter = iter(range(100))
-    text = re.sub(r"(?m)^  - id: .*$", lambda _: f"  - id: a{next(counter)}", text)
-    text = re.sub(r"(?m)^    depends_on: .*$", "    depends_on: []", text)
-    return re.sub(r"(?m)^output: .*$", "output: a0", text)
+    ids, deps = iter(range(100)), iter(range(100))
+    text = re.sub(r"(?m)^  - id: .*$", lambda _: f"  - id: a{next(ids)}", text)
+    text = re.sub(r"(?m)^    depends_on: .*$", lambda _: (lambda i: f"    depends_on: [a{i - 1}]" if i else
+                                                            "    depends_on: []")(next(deps)), text)
+    last = len(re.findall(r"(?m)^  - id: ", text)) - 1
+    return re.sub(r"(?m)^output: .*$", f"output: a{last}", text)
 
 
 @pytest.mark.parametrize(("spec_format", "do_sample"), [("yaml", True), ("json", True), ("yaml", False)])
@@ -122,7 +125,10 @@ def test_sequential_ids_make_every_sample_a_valid_spec(policy: OrchestratorPolic
     limits = limits_for_budget(BUDGET, LEVELS, spec_format, max_agents=3)
     samples = _sample(policy, spec_format, constrained=True, do_sample=True, limits=limits, sequential_ids=True)
     assert all(finished for _, finished in samples)
-    specs = [parse_spec(text, LEVELS).spec for text, _ in samples]  # raises on any invalid sample
+    outcomes = [_outcome(text) for text, _ in samples]
+    assert "invalid" not in outcomes  # ids, references and the output are right by construction ...
+    specs = [parse_spec(text, LEVELS).spec for (text, _), o in zip(samples, outcomes, strict=True) if o == "valid"]
+    assert len(specs) >= len(samples) // 2  # ... only an agent nobody reads (a graph rule) can remain
     assert all([a.id for a in spec.agents] == [f"a{i + 1}" for i in range(len(spec.agents))] for spec in specs)
     assert any(agent.depends_on for spec in specs for agent in spec.agents)  # the DAG part is exercised
 
@@ -183,7 +189,8 @@ def test_random_walks_through_the_grammar_all_parse_up_to_references(policy: Orc
     ("|+\n      a\n\n        b\n\n    ", "a\n\n  b\n\n"),
     ("|-\n      x: y #z\n      - w\n    ", "x: y #z\n- w"),
     ("|\n      one\n    ", "one\n"),
-    ('"\\U0001F600\\x41\\_\\t\\"q\\" \\u00e9"\n    ', "😀A\xa0\t\"q\" é"),
+    ('"😀A\\_\\t\\"q\\" é"\n    ', "😀A\xa0\t\"q\" é"),
+    ('"\\U0001F600\\_\\u00e9\\xe9"\n    ', "😀\xa0éé"),
     ("'it''s: ok # no'\n    ", "it's: ok # no"),
     ("?x -y:z a#b [c]\n    ", "?x -y:z a#b [c]"),
 ])
@@ -264,8 +271,9 @@ def test_yaml_grammar_rejects_broken_yaml_and_plain_null(policy: OrchestratorPol
 
 
 # texts of every kind render_spec meets: YAML indicators, quotes, escapes, blank lines, unicode, emoji
-_TEXT = st.text(st.sampled_from(list("aZ09 :#-?'\"\\|>,[]{}&*!%@`\n\t\x07\x85\xa0\u2028\u3000\ufeffé😀")), max_size=30)
-_JSON_TEXT = st.text(st.sampled_from(list("aZ09 :#-?'\"\\|>,[]{}&*!%@`\n\t\x07\xa0\u3000\ufeffé😀")), max_size=30)
+# visible text only (spec.py refuses control and invisible characters; a duty may hold \n and \t)
+_TEXT = st.text(st.sampled_from(list("aZ09 :#-?'\"\\|>,[]{}&*!%@`\n\t\xa0\u3000é😀")), max_size=30)
+_JSON_TEXT = _TEXT
 _ID = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,6}", fullmatch=True)
 
 
@@ -274,11 +282,16 @@ def _specs(draw: st.DrawFn, text: st.SearchStrategy[str]) -> OrchestrationSpec:
     ids = draw(st.lists(_ID, min_size=1, max_size=3, unique=True))
     agents = []
     for i, agent_id in enumerate(ids):
-        role, duty = draw(text.filter(str.strip)), draw(text.filter(str.strip))
+        role = draw(text.filter(lambda t: t.strip() and "\n" not in t and "\t" not in t))
+        duty = draw(text.filter(str.strip))
         deps = draw(st.lists(st.sampled_from(ids[:i]), unique=True)) if i else []
         agents.append(AgentSpec(id=agent_id, role=role, base_role=draw(st.sampled_from(list(BASE_ROLES))),
                                 duty=duty, capacity=draw(st.sampled_from(LEVELS)), depends_on=deps))
-    return OrchestrationSpec(agents=agents, output=draw(st.sampled_from(ids)))
+    read = {d for a in agents for d in a.depends_on}  # every agent feeds the output, which is the last one
+    last = agents[-1]
+    unread = [a.id for a in agents[:-1] if a.id not in read and a.id not in last.depends_on]
+    agents[-1] = last.model_copy(update={"depends_on": [*last.depends_on, *unread]})
+    return OrchestrationSpec(agents=agents, output=ids[-1])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -412,11 +425,12 @@ def test_is_reference_error_tells_graph_errors_from_the_rest(mutate, reference: 
 @pytest.mark.parametrize("spec_format", ["yaml", "json"])
 def test_max_completion_bytes_bounds_the_worst_spec(spec_format: str) -> None:
     limits = SpecLimits(max_agents=3, max_id_chars=6, max_role_chars=5, max_duty_chars=9)
-    # the costliest text: a tab forces double quotes, where each emoji becomes a 10-byte \U escape (YAML);
-    # control characters become 6-byte \u escapes (JSON); ids need quotes; everyone depends on everyone
-    text = (lambda n: "\t" + "😀" * (n - 1)) if spec_format == "yaml" else (lambda n: "\x01" * n)
+    # the costliest visible text: emoji, which YAML writes as 10-byte \U escapes in double quotes (a tab in
+    # the duty forces them) and JSON as 4 UTF-8 bytes or a 12-byte escaped pair; ids need quotes; everyone
+    # depends on everyone
     ids = ["111111", "222222", "333333"]
-    agents = [AgentSpec(id=i, role=text(5), base_role="aggregator", duty=text(9), capacity="medium",
+    duty = ("\t" + "😀" * 8) if spec_format == "yaml" else "😀" * 9
+    agents = [AgentSpec(id=i, role="😀" * 5, base_role="aggregator", duty=duty, capacity="medium",
                         depends_on=ids[:k]) for k, i in enumerate(ids)]
     worst = spec_completion(OrchestrationSpec(agents=agents, output=ids[-1]), spec_format)
     assert len(worst.encode()) <= max_completion_bytes(limits, LEVELS, spec_format)

@@ -135,7 +135,7 @@ def test_sample_takes_ids_from_the_sampler_and_computes_the_rest_itself(policy: 
     assert flat[0].text == "capacity: small" and flat[0].offsets[-1] == (15, 15)
     expected = policy.logprobs([p for p in prompts for _ in range(2)], [s.completion_ids for s in flat], 0.7)
     for s, lp in zip(flat, expected, strict=True):
-        assert s.old_logprobs == pytest.approx(lp, abs=1e-6)
+        assert s.old_logprobs == pytest.approx(lp, abs=1e-5)  # chunked log-probs: fp32 sums in another order
     policy.sampler = None
 
 

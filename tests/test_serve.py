@@ -562,20 +562,21 @@ def test_probes_answer_head(tmp_path: Path) -> None:
 def test_trace_agent_errors_do_not_leak_backend_urls(tmp_path: Path) -> None:
     from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
 
-    # the answer comes from 'solve'; 'check' fails but is not needed, so the request succeeds (200)
+    # 'check' (the output) fails with a backend URL carrying credentials in its error: whatever the service
+    # answers, neither the password nor the host leaves the process
     spec = OrchestrationSpec(agents=[
         AgentSpec(id="solve", role="Solver", base_role="solver", duty="Solve it.", capacity="small"),
         AgentSpec(id="check", role="Checker", base_role="verifier", duty="Check it.", capacity="large",
                   depends_on=["solve"]),
-    ], output="solve")
+    ], output="check")
     agents = {"small": EchoAgent("small"),
               "large": EchoAgent("large", error="cannot reach http://svc:hunter2@10.0.0.7:8000/v1 (refused)")}
     with Harness(tmp_path, script=[f"```yaml\n{render_spec(spec)}```"], agents=agents) as h:
         resp = h.post("/v1/orchestrate", {"task": "t"})
-        assert resp.status_code == 200, resp.text
-        check = resp.json()["trace"]["agents"][1]
-        assert check["error"] == "cannot reach <url> (refused)"
+        assert resp.status_code in (200, 502), resp.text
         assert "hunter2" not in resp.text and "10.0.0.7" not in resp.text
+        if resp.status_code == 200:
+            assert resp.json()["trace"]["agents"][1]["error"] == "cannot reach <url> (refused)"
 
 
 def test_metrics_exposition(tmp_path: Path) -> None:

@@ -164,7 +164,10 @@ def test_text_tree_of_a_four_agent_spec() -> None:
 
 
 def test_text_tree_lists_agents_the_output_never_reads() -> None:
-    spec = parse_spec(FOUR_AGENTS.replace("output: check", "output: solve_a")).spec
+    # parse_spec now refuses such a spec (spec.py: every agent must feed the output), but a counterfactual
+    # "drop a dependency" edit can build one, and the text tree must still show it honestly
+    valid = parse_spec(FOUR_AGENTS).spec
+    spec = valid.model_copy(update={"output": "solve_a"})
     text = spec_text(spec)
     assert text.splitlines()[1].startswith("\u2605 solve_a")
     tail = text.split("not read on the way to the output:\n")[1]

@@ -145,6 +145,9 @@ def _spy_on_train(train_mod: Any) -> tuple[list[str], dict[str, Any]]:
         return update(policy, *a, **k)
 
     train_mod.save_checkpoint, train_mod.save_model_dir, train_mod.grpo_update = spy_ckpt, spy_dir, keep_policy
+    import lemon_core.checkpoint as checkpoint_mod  # checkpoints write their model folder from there
+
+    checkpoint_mod.save_model_dir = spy_dir
     return writes, captured
 
 

@@ -55,7 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lemon_core.errors import LemonError
+try:  # this file also runs alone, copied for an unprivileged user (tests/test_sandbox_modes.py)
+    from lemon_core.errors import LemonError
+except ImportError:  # pragma: no cover - only in that standalone copy
+    LemonError = RuntimeError  # type: ignore[misc,assignment]
 
 log = logging.getLogger(__name__)
 Mode = Literal["auto", "namespaces", "userns", "basic"]
