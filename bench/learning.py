@@ -89,12 +89,16 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4, help="GRPO steps of lemon and grpo-only")
     ap.add_argument("--teacher", default="sweep", choices=["sweep", "templated"], help="SFT teacher")
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
+    ap.add_argument("--agent-max-tokens", type=int, default=None,
+                    help="cap every level's answer length (default: the pool's own; a cap that cuts answers "
+                    "before their final line scores them 0, see truncated= in the table)")
     args = ap.parse_args()
     if args.quick:
         args.train, args.test, args.iterations = 8, 16, 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False, sft={"teacher": args.teacher})
+    cfg = cfg.model_copy(update={"agent_max_tokens": args.agent_max_tokens})
     train, test = split_tasks(args.train, args.test)
     pool = load_train_pool(cfg)
     levels = pool.level_names
@@ -108,7 +112,8 @@ def main() -> None:
         rows.append(r)
         print(f"{method:>10}  accuracy={r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] "
               f"n={r['n']}  valid={r['valid_rate']:.2f}  $/ex={r['mean_cost_usd']:.2e}  "
-              f"tokens/ex={r['mean_tokens']:.0f}  mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
+              f"tokens/ex={r['mean_tokens']:.0f}  truncated={r['truncated_answers']}  "
+              f"mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
               f"({r['method_wall_s']:.0f} s)", flush=True)
 
     baselines = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
