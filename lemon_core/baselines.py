@@ -95,6 +95,21 @@ BASELINES: dict[str, Callable[..., OrchestrationSpec]] = {
 }
 
 
+SMALL_TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
+
+
+def small_topology(name: str, capacity: str, field: str = "sft.topologies") -> OrchestrationSpec:
+    """A baseline topology at its smallest size (2 solvers, 2 steps, 2 branches, 2 debaters x 1 round), all
+    at ``capacity``: the teams the SFT warm-up varies and the teacher sweep tries. ``field`` names the
+    config field in the error."""
+    small = {"cot": lambda: cot(capacity), "sc": lambda: self_consistency(capacity, n=2),
+             "chain": lambda: chain(capacity, length=2), "tree": lambda: tree(capacity, branches=2),
+             "debate": lambda: debate(capacity, debaters=2, rounds=1)}
+    if name not in small:
+        raise ValueError(f"{field}: unknown topology {name!r}; use some of {list(small)}")
+    return small[name]()
+
+
 def baseline_spec(method: str, capacity: str, cheapest: str | None = None) -> OrchestrationSpec:
     """The spec of baseline ``method`` with every agent at ``capacity`` (SC votes at ``cheapest``)."""
     if method not in BASELINES:

@@ -13,6 +13,7 @@ import click
 import typer
 
 from lemon_core.baselines import BASELINES, baseline_spec
+from lemon_core.errors import cli_exit
 
 app = typer.Typer(
     help="lemon: train, evaluate and serve LEMON orchestrators (LLMs that write executable multi-agent specs).",
@@ -32,10 +33,7 @@ class Benchmarks(StrEnum):
     humaneval = "humaneval"
 
 
-def fail(message: str) -> typer.Exit:
-    """Print a one-line error for a person and return the exit to raise (no stack trace)."""
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code=2)
+fail = cli_exit  # one error line for every command (lemon_core/errors.py)
 
 
 @app.command("eval")

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from lemon_core.errors import cli_exit
+
 pipeline_app = typer.Typer(
     help="Compile, run locally (kfp.local) or submit the Kubeflow pipelines.", no_args_is_help=True
 )
@@ -23,9 +25,7 @@ ConfigOpt = Annotated[
 WhichOpt = Annotated[str, typer.Option("--pipeline", help="train (lemon-train) or eval (lemon-eval).")]
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code=2)
+_fail = cli_exit  # one error line for every command (lemon_core/errors.py)
 
 
 def _config(source: str, artifacts: str | None = None):  # noqa: ANN202 - PipelineConfig, imported lazily

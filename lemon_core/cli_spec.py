@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from lemon_core.errors import cli_exit
+
 spec_app = typer.Typer(help="Look at orchestration specs.", no_args_is_help=True)
 
 
@@ -19,9 +21,7 @@ def spec_group() -> None:
     """Look at orchestration specs (a callback keeps ``show`` a subcommand, with room for more)."""
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code=2)
+_fail = cli_exit  # one error line for every command (lemon_core/errors.py)
 
 
 @spec_app.command("show")

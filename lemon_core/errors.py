@@ -7,7 +7,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -35,3 +35,12 @@ def format_validation_error(e: ValidationError) -> str:
             msg = "unknown field (check its spelling and section)"
         parts.append(f"{where}: {msg}")
     return "; ".join(parts)
+
+
+def cli_exit(message: str) -> Any:
+    """Print ``error: message`` in red on stderr and return the ``typer.Exit(code=2)`` to raise: a command's
+    own one-line error (the ``lemon`` entry point does the same for every ``LemonError``)."""
+    import typer
+
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code=2)

@@ -36,7 +36,7 @@ from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec,
 from lemon_core.stats import wilson_interval
 from lemon_core.teachers import SweepConfig, candidate_specs, sweep_report, sweep_teachers
 
-TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
+TOPOLOGIES = baselines.SMALL_TOPOLOGIES
 
 ROLE_NAMES: dict[str, list[str]] = {
     "planner": ["Planner", "Problem decomposer", "Step planner"],
@@ -109,24 +109,10 @@ class SFTConfig(BaseModel):
     max_rounds: int = Field(1, ge=1, description="most rounds of `steps` when target_valid_rate is set")
 
 
-def _topology(name: str, capacity: str) -> OrchestrationSpec:
-    if name == "cot":
-        return baselines.cot(capacity)
-    if name == "sc":
-        return baselines.self_consistency(capacity, n=2)
-    if name == "chain":
-        return baselines.chain(capacity, length=2)
-    if name == "tree":
-        return baselines.tree(capacity, branches=2)
-    if name == "debate":
-        return baselines.debate(capacity, debaters=2, rounds=1)
-    raise ValueError(f"sft.topologies: unknown topology {name!r}; use some of {list(TOPOLOGIES)}")
-
-
 def templated_spec(pool: CapacityPool, rng: random.Random, cfg: SFTConfig) -> OrchestrationSpec:
     """A valid spec: a baseline topology with varied roles, duties and capacities."""
     levels = pool.level_names
-    spec = _topology(rng.choice(cfg.topologies), rng.choice(levels))
+    spec = baselines.small_topology(rng.choice(cfg.topologies), rng.choice(levels))
     agents = []
     for a in spec.agents:
         update: dict[str, Any] = {}

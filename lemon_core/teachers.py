@@ -68,16 +68,6 @@ class TeacherChoice(BaseModel):
     fallback: bool  # no candidate solved the task: the best-on-average candidate is taught
 
 
-def _topology(name: str, level: str) -> OrchestrationSpec:
-    if name == "cot":
-        return baselines.cot(level)
-    if name == "chain":
-        return baselines.chain(level, length=2)
-    if name == "sc":
-        return baselines.self_consistency(level, n=2)
-    raise ValueError(f"sft.sweep.topologies: unknown topology {name!r}; use some of {list(SWEEP_TOPOLOGIES)}")
-
-
 def _cheap_helpers(spec: OrchestrationSpec, cheap: str, capable: str) -> OrchestrationSpec:
     agents = [AgentSpec.model_validate({**a.model_dump(), "capacity": capable if a.id == spec.output else cheap})
               for a in spec.agents]
@@ -89,10 +79,12 @@ def candidate_specs(pool: CapacityPool, cfg: SweepConfig) -> dict[str, Orchestra
     levels = pool.level_names
     out: dict[str, OrchestrationSpec] = {}
     for name in cfg.topologies:
+        if name not in SWEEP_TOPOLOGIES:
+            raise ValueError(f"sft.sweep.topologies: unknown topology {name!r}; use some of {list(SWEEP_TOPOLOGIES)}")
         for level in levels:
-            out[f"{name}@{level}"] = validate_spec(renumber_agents(_topology(name, level)), levels)
+            out[f"{name}@{level}"] = validate_spec(renumber_agents(baselines.small_topology(name, level)), levels)
         if cfg.helpers_cheap and name != "cot" and len(levels) > 1:
-            spec = _cheap_helpers(_topology(name, levels[-1]), levels[0], levels[-1])
+            spec = _cheap_helpers(baselines.small_topology(name, levels[-1]), levels[0], levels[-1])
             out[f"{name}@{levels[0]}+{levels[-1]}"] = validate_spec(renumber_agents(spec), levels)
     return out
 
