@@ -19,7 +19,7 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
-from lemon_core.storage import atomic_path, is_temporary, write_atomic  # noqa: F401 - write_atomic re-exported
+from lemon_core.storage import atomic_path, is_temporary, write_atomic
 
 LATEST = "latest"
 

@@ -184,10 +184,9 @@ def publish_command(
     from lemon_core.stages import stage_publish
 
     cfg = _config(config)
-    from lemon_core.gate import publish_decision
-    from lemon_core.stages import _served_card, read_summaries
+    from lemon_core.stages import gate_decision, read_summaries
 
-    decision = publish_decision(cfg, read_summaries(summaries), _served_card(cfg))
+    decision = gate_decision(cfg, read_summaries(summaries))
     if not (decision.publish or force):
         typer.echo(f"not published: {decision.reason}")
         raise typer.Exit(code=0)

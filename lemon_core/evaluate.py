@@ -226,7 +226,7 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
 
 
 def write_results(out_dir: Path, records: list[dict[str, Any]], summary: EvalSummary) -> None:
-    from lemon_core.checkpoint import write_atomic
+    from lemon_core.storage import write_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "traces.jsonl", "".join(json.dumps(r, default=str) + "\n" for r in records))

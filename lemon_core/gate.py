@@ -37,22 +37,24 @@ def _pooled(rows: Sequence[dict[str, Any]], metric: str) -> tuple[float, float]:
     return value, upper
 
 
-def candidate_metric(rows: Sequence[dict[str, Any]], metric: str, method: str = ORCHESTRATOR) -> float:
-    """The trained orchestrator's ``metric`` over the run's benchmarks (n-weighted)."""
+def _candidate(rows: Sequence[dict[str, Any]], metric: str, method: str = ORCHESTRATOR) -> tuple[float, float]:
+    """(n-weighted ``metric``, its 95% upper bound) of the trained orchestrator over the run's benchmarks."""
     mine = [r for r in rows if r["method"] == method and metric in r]
     if not mine:
         raise LemonError(f"no {method!r} rows with field {metric!r} to compare; check publish.metric")
-    return _pooled(mine, metric)[0]
+    return _pooled(mine, metric)
+
+
+def candidate_metric(rows: Sequence[dict[str, Any]], metric: str, method: str = ORCHESTRATOR) -> float:
+    """The trained orchestrator's ``metric`` over the run's benchmarks (n-weighted)."""
+    return _candidate(rows, metric, method)[0]
 
 
 def publish_decision(cfg: PipelineConfig, rows: Sequence[dict[str, Any]],
                      served_card: dict[str, Any] | None) -> PublishDecision:
     """Whether to publish the run's orchestrator, and why (see the module docstring)."""
     metric, margin = cfg.publish.metric, cfg.publish.baseline_margin
-    mine = [r for r in rows if r["method"] == ORCHESTRATOR and metric in r]
-    if not mine:
-        raise LemonError(f"no {ORCHESTRATOR!r} rows with field {metric!r} to compare; check publish.metric")
-    cand, cand_upper = _pooled(mine, metric)
+    cand, cand_upper = _candidate(rows, metric)
     served = (served_card or {}).get("metrics", {}).get(metric)
     decision = PublishDecision(publish=False, reason="", candidate=cand, served=served)
     baselines: dict[str, list[dict[str, Any]]] = {}

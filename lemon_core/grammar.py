@@ -120,34 +120,23 @@ _PRINTABLE = [(0x20, 0x7E), (0xA0, 0x2027), (0x202A, 0xD7FF), (0xE000, 0xFEFE), 
               (0x10000, 0x10FFFF)]  # what YAML writes unescaped on one line
 
 
-def _hidden_codes() -> set[int]:
-    """Code points spec.py refuses in a role or duty (control, invisible format, surrogate, line/paragraph
-    separator: ``spec._HIDDEN_CATEGORIES``), from this Python's Unicode tables, as spec.py reads them."""
+def _visible_line() -> str:
+    """The regex class body of one-line text characters: printable and not hidden (control, invisible
+    format, surrogate, line/paragraph separator: ``spec._HIDDEN_CATEGORIES``, from this Python's Unicode
+    tables as spec.py reads them), so every sampled role or duty passes spec.py's visibility check."""
     from lemon_core.spec import _HIDDEN_CATEGORIES
 
-    return {c for lo, hi in [(0, 0x10FFFF)] for c in range(lo, hi + 1)
-            if unicodedata.category(chr(c)) in _HIDDEN_CATEGORIES}
-
-
-def _ranges_class(ranges: list[tuple[int, int]]) -> str:
-    return "".join(f"\\x{{{lo:X}}}" + (f"-\\x{{{hi:X}}}" if hi > lo else "") for lo, hi in ranges)
-
-
-def _visible_line() -> str:
-    """The regex class body of one-line text characters: printable and not hidden (so every sampled role
-    or duty passes spec.py's visibility check)."""
-    hidden = _hidden_codes()
-    out: list[tuple[int, int]] = []
+    ranges: list[tuple[int, int]] = []
     for lo, hi in _PRINTABLE:
         start = None
-        for c in range(lo, hi + 2):
-            ok = c <= hi and c not in hidden
-            if ok and start is None:
+        for c in range(lo, hi + 2):  # one past the end closes the last run
+            visible = c <= hi and unicodedata.category(chr(c)) not in _HIDDEN_CATEGORIES
+            if visible and start is None:
                 start = c
-            elif not ok and start is not None:
-                out.append((start, c - 1))
+            elif not visible and start is not None:
+                ranges.append((start, c - 1))
                 start = None
-    return _ranges_class(out).replace("\\\\", "\\")
+    return "".join(f"\\x{{{lo:X}}}" + (f"-\\x{{{hi:X}}}" if hi > lo else "") for lo, hi in ranges)
 
 
 _LINE = _visible_line()

@@ -358,14 +358,13 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     if valid:
         m["score"] = statistics.fmean(r.score for r in valid)
         m["tokens_per_execution"] = statistics.fmean(r.tokens for r in valid)
-        m["cost"] = m["cost/mean"] = statistics.fmean(r.cost for r in valid)
+        m["cost"] = statistics.fmean(r.cost for r in valid)
     specs = [r.spec for r in valid if r.spec]  # records read back without their spec have none
     if specs:
         m["agents/mean"] = statistics.fmean(len(spec["agents"]) for spec in specs)
         agents = [a for spec in specs for a in spec["agents"]]
         for level in levels:
-            share = sum(a["capacity"] == level for a in agents) / len(agents)
-            m[f"capacity/{level}"] = m[f"capacity_share/{level}"] = share
+            m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
     by_family: dict[str, list[float]] = defaultdict(list)
     for r in records:
         for e in r.edits:

@@ -244,8 +244,6 @@ def check_token_budget(policy: OrchestratorPolicy, completions: Sequence[str], m
     that half the targets exceed, GRPO learns "short is valid" instead of "good is valid". The lengths are
     measured with the orchestrator's own tokenizer (end-of-turn included). Returns the figures.
     """
-    from lemon_core.errors import ConfigError
-
     if not completions:
         return {}
     lengths = sorted(len(policy.completion_ids(c)) for c in completions)

@@ -166,11 +166,9 @@ def stage_rollout(
     from lemon_core.metrics import LemonMetrics
     from lemon_core.rollout import write_records
     from lemon_core.train import (
-        TrainState,
         constrain,
         load_policy,
         load_train_pool,
-        make_strategy,
         new_edit_sampler,
         rollout_step,
         step_seed,
@@ -191,9 +189,8 @@ def stage_rollout(
     _attach_sampler(policy, ckpt, tc, pool)
     edit_sampler = new_edit_sampler(tc)
     edit_sampler.mean_abs_delta.update(sampler_state(ckpt))
-    rollout_only = TrainState(tc, policy, None, None, None, edit_sampler, make_strategy(tc, 1), pool)  # type: ignore[arg-type]
     shard_seed = int.from_bytes(shard_uri.encode()[-8:].rjust(8, b"\0"), "big") % 1_000_003
-    records, _ = rollout_step(rollout_only, tasks, iteration, step_seed(tc, iteration, shard_seed))
+    records, _ = rollout_step(policy, pool, tc, edit_sampler, tasks, iteration, step_seed(tc, iteration, shard_seed))
     _close_sampler(policy)
     name = f"pod-{shard_index:03d}-" + shard_uri.rstrip("/").rsplit("/", 1)[-1]
     uri = storage.join(run_root(manifest_uri), f"iter-{iteration:03d}", "rollouts", name)
@@ -272,7 +269,7 @@ def stage_evaluate(
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.evaluate import evaluate, evaluate_orchestrator
     from lemon_core.metrics import LemonMetrics
-    from lemon_core.train import constrain, load_policy, load_train_pool
+    from lemon_core.train import capped_pool, constrain, load_policy
 
     tc = cfg.train
     manifest = read_manifest(manifest_uri)
@@ -282,7 +279,7 @@ def stage_evaluate(
             f"no {benchmark!r} examples in split {cfg.evaluate.split!r} of {manifest_uri}; "
             "add the benchmark to prepare.benchmarks or raise prepare.test_limit"
         )
-    pool = load_train_pool(tc, agent_max_tokens=cfg.evaluate.agent_max_tokens or 1 << 30)
+    pool = capped_pool(tc.pool, cfg.evaluate.agent_max_tokens)  # evaluation: the pool's caps unless set
     bench = get_benchmark(benchmark)
     common = dict(method=method, split=cfg.evaluate.split, batch_size=cfg.evaluate.batch_size, seed=tc.seed,
                   progress=tc.progress, sandbox_mode=_sandbox_mode(benchmark))
@@ -329,7 +326,6 @@ def read_summaries(uris: Sequence[str]) -> list[dict[str, Any]]:
 def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path) -> dict[str, Path]:
     """HTML + Markdown report with the Pareto plot and (when training ran) the reward curve; written
     locally to ``out_dir`` and copied to ``<run>/report``. It also says whether the gate publishes."""
-    from lemon_core.gate import publish_decision
     from lemon_core.report import is_orchestrator, write_report
 
     rows = read_summaries(summary_uris)
@@ -347,9 +343,10 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
     tc = cfg.train
     from lemon_core.train import load_train_pool
 
+    pool = load_train_pool(tc)
     notes = [
         f"run {cfg.name}; artifacts {root}",
-        f"pool: {load_train_pool(tc).description}",
+        f"pool: {pool.description}",
         f"orchestrator base model: {tc.model}; GRPO iterations: {cfg.n_iterations}",
         "accuracy is shown with its 95% Wilson interval and n; an orchestrator output that is not a valid spec "
         "scores 0 and is counted in valid_rate (nothing is substituted)",
@@ -361,7 +358,7 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
             "these numbers test the pipeline, they are not model accuracy.",
         )
     if any(r["method"] == ORCHESTRATOR for r in rows):
-        decision = publish_decision(cfg, rows, _served_card(cfg))
+        decision = gate_decision(cfg, rows)
         notes.append(f"publish gate: {'PUBLISH' if decision.publish else 'NOT PUBLISHED'}: {decision.reason}")
     keep = ("step", "reward/mean", "valid_rate", "score", "cost", "loss", "kl")
     tables = (
@@ -373,7 +370,7 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
             text = storage.read_text(uri.rsplit("/", 1)[0] + "/traces.jsonl")
             traces[row["benchmark"], row["method"]] = [json.loads(x) for x in text.splitlines() if x.strip()]
     paths = write_report(rows, out_dir, title=f"lemon report: {cfg.name}", notes=notes, extra_images=images,
-                         tables=tables, traces=traces, levels=load_train_pool(tc).level_names)
+                         tables=tables, traces=traces, levels=pool.level_names)
     for p in out_dir.iterdir():
         if p.is_file():
             storage.put_file(p, storage.join(root, "report", p.name))
@@ -384,24 +381,18 @@ def serving_uri(cfg: PipelineConfig) -> str:
     return cfg.publish.serving_uri or storage.join(cfg.artifacts, "serving")
 
 
-def _served_card(cfg: PipelineConfig) -> dict[str, Any] | None:
+def gate_decision(cfg: PipelineConfig, rows: Sequence[dict[str, Any]]) -> Any:
+    """``gate.publish_decision`` for this run's summary rows against the served model's card (none yet: None)."""
+    from lemon_core.gate import publish_decision
+
     card = storage.join(serving_uri(cfg), "model_card.json")
-    return json.loads(storage.read_text(card)) if storage.exists(card) else None
-
-
-def served_metric(serving: str, metric: str) -> float | None:
-    """The metric recorded in the served model's card, or None when nothing is served yet."""
-    card = storage.join(serving, "model_card.json")
-    if not storage.exists(card):
-        return None
-    return json.loads(storage.read_text(card)).get("metrics", {}).get(metric)
+    served = json.loads(storage.read_text(card)) if storage.exists(card) else None
+    return publish_decision(cfg, rows, served)
 
 
 def should_publish(cfg: PipelineConfig, summary_uris: Sequence[str]) -> tuple[bool, float, float | None]:
     """(publish?, candidate value, served value): the gate before ``stage_publish`` (``gate.py``)."""
-    from lemon_core.gate import publish_decision
-
-    decision = publish_decision(cfg, read_summaries(summary_uris), _served_card(cfg))
+    decision = gate_decision(cfg, read_summaries(summary_uris))
     return decision.publish, decision.candidate, decision.served
 
 

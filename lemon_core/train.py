@@ -5,7 +5,7 @@ config into their arguments (``stages.py``):
 
     build_state(cfg, checkpoint)        policy, KL reference, optimizer, scheduler, edit sampler, RNG, step
     sft_warmup(policy, ...)             SFT on valid teacher specs; reports the valid-spec rate
-    rollout_step(state, tasks, ...)     G specs per task, executed, scored, counterfactually probed
+    rollout_step(policy, pool, ...)     G specs per task, executed, scored, counterfactually probed
     update_step(state, records)         one GRPO update on those records
     run_iteration(state, tasks)         rollout_step + update_step, with metrics
     evaluate_orchestrator(...)          the one evaluation (lemon_core.evaluate): invalid output scores 0
@@ -38,16 +38,10 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from lemon_core.checkpoint import (
-    latest_checkpoint,
-    restore_training_state,
-    save_checkpoint,
-    save_model_dir,
-    write_atomic,
-)
+from lemon_core.checkpoint import latest_checkpoint, restore_training_state, save_checkpoint, save_model_dir
 from lemon_core.config import TrainConfig, resolve_dtype
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
-from lemon_core.dist import Strategy, all_gather, barrier, make_strategy, world
+from lemon_core.dist import Replicate, Strategy, all_gather, barrier, make_strategy, world
 from lemon_core.evaluate import evaluate, write_specs
 from lemon_core.lora import apply_lora
 from lemon_core.models import resolve_model
@@ -64,6 +58,7 @@ from lemon_core.rollout import (
     write_records,
 )
 from lemon_core.sft import SFTReport, sft_valid_rate, sft_warmup  # noqa: F401 - the flow's SFT step
+from lemon_core.storage import write_atomic
 from lemon_core.update import grpo_update
 
 
@@ -114,13 +109,18 @@ def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None) 
     return policy
 
 
-def load_train_pool(cfg: TrainConfig, agent_max_tokens: int | None = None) -> CapacityPool:
-    """The capacity pool, each level's answer cap lowered to ``agent_max_tokens`` (default the config's)."""
-    pool = load_pool(cfg.pool)
-    cap = agent_max_tokens if agent_max_tokens is not None else cfg.agent_max_tokens
-    if cap is not None:
-        pool.levels = [lv.model_copy(update={"max_tokens": min(lv.max_tokens, cap)}) for lv in pool.levels]
+def capped_pool(source: str, agent_max_tokens: int | None) -> CapacityPool:
+    """The pool at ``source``, each level's answer cap lowered to ``agent_max_tokens`` (None: the pool's own)."""
+    pool = load_pool(source)
+    if agent_max_tokens is not None:
+        pool.levels = [lv.model_copy(update={"max_tokens": min(lv.max_tokens, agent_max_tokens)})
+                       for lv in pool.levels]
     return pool
+
+
+def load_train_pool(cfg: TrainConfig) -> CapacityPool:
+    """The training pool: ``cfg.pool`` with rollout answers capped at ``cfg.agent_max_tokens``."""
+    return capped_pool(cfg.pool, cfg.agent_max_tokens)
 
 
 def constrain(policy: OrchestratorPolicy, cfg: TrainConfig, levels: Sequence[str]) -> OrchestratorPolicy:
@@ -233,13 +233,15 @@ class IterationStats:
     row: dict[str, Any] = field(default_factory=dict)
 
 
-def rollout_step(state: TrainState, tasks: Sequence[Any], step: int, seed: int,
-                 scorer: Scorer = benchmark_scorer) -> tuple[list[RolloutRecord], RolloutStats]:
-    """G specs per task from the current policy, executed, scored and counterfactually probed."""
-    with state.strategy.sampling(state.policy.model):
-        return collect_rollouts(state.policy, tasks, state.pool, state.cfg.rollout, state.cfg.reward,
-                                state.edit_sampler, step=step, seed=seed, scorer=scorer,
-                                progress=state.cfg.progress and state.rank == 0)
+def rollout_step(policy: OrchestratorPolicy, pool: CapacityPool, cfg: TrainConfig, edit_sampler: EditFamilySampler,
+                 tasks: Sequence[Any], step: int, seed: int, scorer: Scorer = benchmark_scorer, *,
+                 strategy: Strategy | None = None, show_progress: bool = True,
+                 ) -> tuple[list[RolloutRecord], RolloutStats]:
+    """G specs per task from ``policy``, executed, scored and counterfactually probed (a rollout pod needs
+    no optimizer or reference: only what sampling and the edits read)."""
+    with (strategy or Replicate()).sampling(policy.model):
+        return collect_rollouts(policy, tasks, pool, cfg.rollout, cfg.reward, edit_sampler, step=step, seed=seed,
+                                scorer=scorer, progress=cfg.progress and show_progress)
 
 
 def update_step(state: TrainState, records: Sequence[RolloutRecord]) -> dict[str, float]:
@@ -278,7 +280,9 @@ def run_iteration(state: TrainState, tasks: Sequence[Any], scorer: Scorer = benc
     state.step += 1
     t0 = time.perf_counter()
     before = dict(state.edit_sampler.mean_abs_delta)
-    records, stats = rollout_step(state, tasks, state.step, step_seed(state.cfg, state.step, state.rank), scorer)
+    records, stats = rollout_step(state.policy, state.pool, state.cfg, state.edit_sampler, tasks, state.step,
+                                  step_seed(state.cfg, state.step, state.rank), scorer, strategy=state.strategy,
+                                  show_progress=state.rank == 0)
     t_rollout = time.perf_counter() - t0
     if save_to is not None:
         write_records(records, str(save_to / f"step-{state.step:06d}-rank{state.rank}.jsonl"))

@@ -347,34 +347,8 @@ def test_sigterm_with_a_stuck_backend_exits_within_the_grace_period(tmp_path: Pa
 def test_lemon_serve_started_like_the_chart(tmp_path: Path) -> None:
     fake = fake_openai_server(two_agent_spec())
     with serve_in_thread(fake) as fake_url:
-        pool = tmp_path / "pool.yaml"
-        pool.write_text(
-            "levels:\n"
-            f"  - {{name: small, backend: openai, model: qwen-7b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
-            "      price_in_per_1m: 0.2, price_out_per_1m: 0.2, max_tokens: 64}\n"
-            f"  - {{name: large, backend: openai, model: qwen-32b, base_url: '{fake_url}/v1', timeout_s: 10,\n"
-            "      price_in_per_1m: 0.9, price_out_per_1m: 0.9, max_tokens: 64}\n")
-        tokens = tmp_path / "auth" / "tokens"
-        tokens.parent.mkdir()
-        tokens.write_text(TOKEN + "\n")
-        port = free_port()
-        env = {**os.environ, "LEMON_LOG_LEVEL": "info", "LEMON_CACHE_DIR": str(tmp_path / "cache"),
-               "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
-               "LEMON_ORCHESTRATOR_BASE_URL": f"{fake_url}/v1",
-               "LEMON_SOME_FUTURE_SETTING": "ignored"}
-        cmd = [sys.executable, "-c", "from lemon_core.cli import app; app()", "serve", "--host=127.0.0.1",
-               f"--port={port}", f"--pool={pool}", "--orchestrator=lemon-orchestrator",
-               f"--auth-token-file={tokens}"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = start_lemon_serve(tmp_path, fake_url, LEMON_SOME_FUTURE_SETTING="ignored")
         try:
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                assert proc.poll() is None, proc.communicate()[0]
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.2)
             ready = httpx.get(f"{url}/readyz", timeout=5)
             assert ready.status_code == 200, ready.text
             assert set(ready.json()["checks"]) == {"level:small", "level:large", "orchestrator"}
