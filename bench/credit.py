@@ -124,7 +124,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
         iterations=0, tasks_per_iteration=args.tasks_per_step, checkpoint_every=1000, progress=False,
         save_rollouts=True,
         rollout=dict(group_size=args.group_size, edits_per_spec=0, max_new_tokens=args.max_new_tokens,
-                     temperature=args.temperature),
+                     temperature=args.temperature, grammar=args.grammar),
         sft=dict(steps=args.sft_steps, batch_size=6, lr=3e-3, pairs_per_task=0, teacher_jsonl=str(teacher),
                  eval_tasks=0),
         reward=dict(lambda_cost=args.lambda_cost),
@@ -234,6 +234,9 @@ def main() -> None:
     ap.add_argument("--sft-seed", type=int, default=0, help="one SFT model for every seed and arm")
     ap.add_argument("--sft-cache", type=Path, default=None, help="folder to keep/reuse the SFT model in")
     ap.add_argument("--max-new-tokens", type=int, default=200)
+    ap.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True,
+                    help="sample under the spec grammar (rollout.grammar, the product's default): a single update "
+                         "can no longer wreck the policy's YAML, so what is measured is credit, not validity")
     ap.add_argument("--temperature", type=float, default=0.7,
                     help="sampling temperature: < 1 keeps the long YAML valid; a uniform capacity choice stays uniform")
     ap.add_argument("--json", type=Path, default=None, help="also write every curve here")

@@ -170,12 +170,13 @@ def execute_specs(
     *,
     cache: ExecutionCache | None = None,
     seed: int = 0,
-    on_level: Callable[[int, int], None] | None = None,
+    on_calls: Callable[[int], None] | None = None,
 ) -> list[Trace]:
     """Execute ``specs[i]`` on ``tasks[i]`` for all i, batching each level's calls per capacity.
 
     ``cache`` (optional) is read and written; pass the same cache to re-execute edited specs
-    cheaply. ``on_level(done_calls, level_index)`` is called after each level (progress bars).
+    cheaply. ``on_calls(n)`` is told after each batched group that ``n`` more agent calls are done
+    (cache hits included): one group can take minutes on a CPU pool, so progress is counted in calls.
     """
     if len(specs) != len(tasks):
         raise ValueError(f"execute_specs got {len(specs)} specs but {len(tasks)} tasks; pass one task per spec")
@@ -201,10 +202,10 @@ def execute_specs(
                 request = build_request(agent, specs[i], tasks[i], outputs[i], pool, seed)
                 groups[agent.capacity].append((i, agent, request))
 
-        calls = 0
         for capacity, group in groups.items():
             completions, cached = _run_group(capacity, [r for _, _, r in group], pool, cache)
-            calls += sum(1 for c in cached if not c)
+            if on_calls is not None:
+                on_calls(len(group))
             for (i, agent, request), completion, was_cached in zip(group, completions, cached, strict=True):
                 system, user = request.messages[0][1], request.messages[-1][1]
                 # cost = the call's price at pool rates, cache hit or not: a spec's reward (and so a
@@ -220,8 +221,6 @@ def execute_specs(
                     outputs[i][agent.id] = completion.text
                 else:
                     failed[i].add(agent.id)
-        if on_level is not None:
-            on_level(calls, k)
 
     for i, trace in enumerate(traces):
         out = specs[i].output

@@ -205,8 +205,9 @@ def spec_text(spec: OrchestrationSpec | Mapping[str, Any], duty_chars: int = 72)
     """
     spec = as_spec(spec)
     levels = spec.levels()
-    head = (f"spec: {len(spec.agents)} agent{'s' * (len(spec.agents) != 1)}, {len(levels)} level"
-            f"{'s' * (len(levels) != 1)}, topology {topology(spec)}, output {spec.output}")
+    # "depth", not "levels": a spec's levels are its capacity levels everywhere else in lemon
+    head = (f"spec: {len(spec.agents)} agent{'s' * (len(spec.agents) != 1)}, depth {len(levels)}, "
+            f"topology {topology(spec)}, output {spec.output}")
     lines = [head]
     shown: set[str] = set()
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,7 @@ def stage_train(
             storage.upload_dir(path, uri)
     if state.rank == 0:
         storage.write_text(storage.join(iter_uri, "train.json"), json.dumps(row, indent=2, default=float))
+        print(update_line(iteration, row), file=sys.stderr, flush=True)
         m = LemonMetrics(parts=("train", "rollout"))
         m.record_train_step(float(update.get("loss", 0.0)), float(update.get("kl", 0.0)),
                             float(update.get("clip_ratio", 0.0)))
@@ -250,6 +252,15 @@ def stage_train(
         _metrics_out(m, iter_uri, "lemon-train", {"run": cfg.name, "iteration": str(iteration)})
     close_state(state)
     return uri
+
+
+def update_line(iteration: int, row: Mapping[str, Any]) -> str:
+    """The one log line of a pipeline update: what the step saw and what it did, readable in kfp logs."""
+    from lemon_core.progress import format_duration, format_figure
+
+    keys = ("reward/mean", "valid_rate", "success_rate", "loss", "kl", "clip_ratio", "grad_norm")
+    figures = " ".join(f"{k}={format_figure(row[k])}" for k in keys if k in row)
+    return f"update iteration {iteration} done in {format_duration(row['time/update_s'])}: {figures}"
 
 
 def root_of_records(records_uri: str) -> str:

@@ -55,6 +55,11 @@ class SweepConfig(BaseModel):
         "on that benchmark (what a policy can learn: it cannot know which tasks a cheap agent solves by luck); "
         "per_task: each task its own best-reward candidate (tasks none solves get the benchmark's best)",
     )
+    teach_top: int = Field(
+        1, ge=1, description="teach each task this many of the best candidates (by the `select` rule), one SFT "
+        "target each: 1 teaches one spec per benchmark and SFT collapses onto it, so every spec of a GRPO group is "
+        "the same and no advantage is left to learn from; 2-3 keep the SFT policy spread over the good choices",
+    )
 
 
 class TeacherChoice(BaseModel):
@@ -101,38 +106,46 @@ def sweep_teachers(
     tasks = list(tasks[: cfg.max_tasks] if cfg.max_tasks else tasks)
     rewards: dict[str, list[tuple[float, float]]] = {}  # task id -> [(reward, score)] per candidate
     cache = ExecutionCache()
-    bar = progress_of(len(tasks), "teacher sweep", unit="task", mode=None if progress else "off")
+    # counted in agent calls, not tasks: the whole sweep is often one batch that runs for many minutes
+    calls = len(tasks) * sum(len(spec.agents) for spec in candidates.values())
+    bar = progress_of(calls, "teacher sweep", unit="call", mode=None if progress else "off")
     for lo in range(0, len(tasks), cfg.batch_size):
         batch = tasks[lo : lo + cfg.batch_size]
         jobs = [(t, n) for t in batch for n in names]
-        traces = execute_specs([candidates[n] for _, n in jobs], [t for t, _ in jobs], pool, cache=cache, seed=seed)
+        traces = execute_specs([candidates[n] for _, n in jobs], [t for t, _ in jobs], pool, cache=cache, seed=seed,
+                               on_calls=lambda n: bar.update(n, cache_hits=cache.hits))
         for (task, _), trace in zip(jobs, traces, strict=True):
             score = float(scorer(trace.answer, task)) if trace.ok else 0.0
             rewards.setdefault(str(task.id), []).append((compute_reward(score, trace, reward_cfg).total, score))
-        bar.update(len(batch), cache_hits=cache.hits)
     bar.close()
-    best_of_benchmark = {}
+    top_of_benchmark = {}
     for bench in {t.benchmark for t in tasks}:
         mine = [t for t in tasks if t.benchmark == bench]
         mean = [statistics.fmean(rewards[str(t.id)][i][0] for t in mine) for i in range(len(names))]
-        best_of_benchmark[bench] = max(range(len(names)), key=lambda i: mean[i])
+        top_of_benchmark[bench] = _best_first(mean)[: cfg.teach_top]
     choices = []
     for t in tasks:
         row = rewards[str(t.id)]
-        default = best_of_benchmark[t.benchmark]
-        best = max(range(len(names)), key=lambda i: row[i][0]) if cfg.select == "per_task" else default
-        fallback = row[best][1] <= 0.0
-        pick = default if fallback else best
-        choices.append(TeacherChoice(task_id=str(t.id), spec=candidates[names[pick]], candidate=names[pick],
-                                     reward=row[pick][0], score=row[pick][1], fallback=fallback))
+        default = top_of_benchmark[t.benchmark]
+        own = _best_first([r for r, _ in row])[: cfg.teach_top]
+        # per_task: a task none of whose own top candidates solved it falls back to the benchmark's best
+        fallback = row[own[0]][1] <= 0.0
+        picks = default if cfg.select == "per_benchmark" or fallback else own
+        choices += [TeacherChoice(task_id=str(t.id), spec=candidates[names[i]], candidate=names[i],
+                                  reward=row[i][0], score=row[i][1], fallback=fallback) for i in picks]
     return choices
+
+
+def _best_first(rewards: Sequence[float]) -> list[int]:
+    """Candidate indices, highest reward first (ties: the earlier, i.e. cheaper-listed, candidate)."""
+    return sorted(range(len(rewards)), key=lambda i: -rewards[i])
 
 
 def sweep_report(choices: Sequence[TeacherChoice]) -> dict[str, Any]:
     """How often each candidate was taught, how many tasks fell back, the teachers' mean score."""
     return {
-        "tasks": len(choices),
+        "tasks": len({c.task_id for c in choices}),
         "taught": dict(Counter(c.candidate for c in choices).most_common()),
-        "fallback_tasks": sum(c.fallback for c in choices),
+        "fallback_tasks": len({c.task_id for c in choices if c.fallback}),
         "teacher_score": statistics.fmean(c.score for c in choices) if choices else 0.0,
     }

@@ -247,7 +247,7 @@ def rollout_step(policy: OrchestratorPolicy, pool: CapacityPool, cfg: TrainConfi
 def update_step(state: TrainState, records: Sequence[RolloutRecord]) -> dict[str, float]:
     """One GRPO update on ``records`` (this rank's whole groups); the sampler then gets the new weights."""
     metrics = grpo_update(state.policy, state.ref_model, records, state.optimizer, state.scheduler, state.cfg,
-                          state.strategy)
+                          state.strategy, progress=state.cfg.progress and state.rank == 0)
     if state.sampler_weights is not None:
         state.policy.sync_sampler(state.sampler_weights)  # the next rollouts sample from the updated weights
     return metrics

@@ -21,6 +21,7 @@ from lemon_core.config import TrainConfig
 from lemon_core.dist import FSDP, Replicate, Strategy, all_reduce_sum, sum_over_ranks
 from lemon_core.grpo import Credit, GRPOConfig, credit_advantages, grpo_loss, span_token_mask
 from lemon_core.policy import OrchestratorPolicy
+from lemon_core.progress import progress as progress_of
 from lemon_core.rollout import RolloutRecord
 
 
@@ -60,8 +61,12 @@ def grpo_update(
     scheduler: Any,
     cfg: TrainConfig,
     strategy: Strategy | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """One GRPO optimizer step (per PPO epoch) on ``records``; returns loss/kl/clip metrics.
+
+    ``progress``: a bar (terminal) or one log line per micro-batch - on a CPU one micro-batch's forward
+    and backward over the long prompt take about a minute.
 
     Under torchrun ``records`` is this rank's share (whole groups, see ``shard_by_group``). The
     normaliser of the loss - completion tokens for token aggregation, completions for sequence
@@ -92,6 +97,8 @@ def grpo_update(
     model.train()
     sums: dict[str, float] = defaultdict(float)
     t0 = time.perf_counter()
+    bar = progress_of(n_micro * cfg.optim.epochs_per_batch, "grpo update", unit="micro-batch",
+                      mode=None if progress else "off")
     for _ in range(cfg.optim.epochs_per_batch):
         optimizer.zero_grad(set_to_none=True)
         for i in range(n_micro):
@@ -113,10 +120,12 @@ def grpo_update(
             for k, v in m.items():
                 sums[k] += v * (tokens if k != "loss" else 1.0)
             sums["_tokens"] += tokens
+            bar.update(1)
         strategy.reduce_gradients(model)
         sums["grad_norm"] += fsdp.clip_grad_norm(model, cfg.optim.max_grad_norm)
         optimizer.step()
         scheduler.step()
+    bar.close()
     model.eval()
     grad_norm = sums.pop("grad_norm")  # identical on every rank after the all-reduce
     sums = sum_over_ranks(sums)

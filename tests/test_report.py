@@ -267,7 +267,7 @@ def test_missing_graphviz_falls_back_to_the_text_tree(monkeypatch: pytest.Monkey
     rows, traces = demo_run()
     page = render_html(rows, images={}, traces={("gsm8k", "lemon"): traces["gsm8k", "lemon"][:1]})
     assert "apt-get install graphviz" in page
-    assert "<pre class='spec-text'>spec: 4 agents, 3 levels, topology diamond" in page
+    assert "<pre class='spec-text'>spec: 4 agents, depth 3, topology diamond" in page
 
 
 def test_read_traces_names_the_bad_line(tmp_path: Path) -> None:

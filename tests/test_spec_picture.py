@@ -150,7 +150,7 @@ def test_level_order_and_colours() -> None:
 
 def test_text_tree_of_a_four_agent_spec() -> None:
     assert spec_text(spec4()) == (
-        "spec: 4 agents, 3 levels, topology diamond, output check\n"
+        "spec: 4 agents, depth 3, topology diamond, output check\n"
         "\u2605 check  Answer checker  [verifier \u00b7 large]\n"
         "\u2502  duty: Check both solutions and state the final number.\n"
         "\u251c\u2500\u2500 solve_a  Careful calculator  [solver \u00b7 medium]\n"

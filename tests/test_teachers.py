@@ -51,3 +51,32 @@ def test_unsolvable_tasks_fall_back_to_the_best_mean_candidate() -> None:
     assert {c.candidate for c in choices} == {"cot@small"}  # all wrong: the fewest, cheapest tokens win
     report = sweep_report(choices)
     assert report["fallback_tasks"] == 4 and report["taught"] == {"cot@small": 4}
+
+
+def test_sweep_reports_progress_per_batched_group_not_only_at_the_end(capsys) -> None:
+    """One sweep batch can run for many minutes on a CPU pool: a log line comes after every level group."""
+    pool = load_pool("simulated")
+    cfg = SweepConfig(topologies=["cot", "chain"], batch_size=16)
+    sweep_teachers(_tasks("multiarith", 3), pool, cfg, RewardConfig(), benchmark_scorer, progress=True)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("teacher sweep call")]
+    total = 3 * sum(len(s.agents) for s in candidate_specs(pool, cfg).values())
+    assert len(lines) >= 3  # one batch of 3 tasks, yet one line per (level, capacity) group
+    assert lines[-1].startswith(f"teacher sweep call {total}/{total} (100%)")
+
+
+def test_teach_top_gives_each_task_the_best_candidates_in_order() -> None:
+    """teach_top=3: every task gets the benchmark's three best-mean candidates, best first, so SFT keeps
+    several good specs in the policy and a GRPO group can still compare them."""
+    pool = load_pool("simulated")
+    reward = RewardConfig(lambda_cost=1.0)
+    tasks = _tasks("gsm8k", 8)
+    one = sweep_teachers(tasks, pool, SweepConfig(), reward, benchmark_scorer)
+    top = sweep_teachers(tasks, pool, SweepConfig(teach_top=3), reward, benchmark_scorer)
+    assert len(top) == 3 * len(tasks)
+    by_task: dict[str, list[str]] = {}
+    for c in top:
+        by_task.setdefault(c.task_id, []).append(c.candidate)
+    assert all(len(set(names)) == 3 for names in by_task.values())
+    assert {names[0] for names in by_task.values()} == {one[0].candidate}  # the best comes first, as with 1
+    report = sweep_report(top)
+    assert report["tasks"] == len(tasks) and sum(report["taught"].values()) == 3 * len(tasks)

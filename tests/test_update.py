@@ -54,3 +54,24 @@ def test_a_truncated_completion_contributes_no_gradient(tiny_policy: Orchestrato
     # masking the truncated one leaves the other's gradient
     assert _grad_norm_after(tiny_policy, [cut, fine], mask=True) > 0.0
     assert _grad_norm_after(tiny_policy, [cut, fine], mask=False) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_an_update_reports_each_micro_batch_and_the_stage_prints_one_line(
+    tiny_policy: OrchestratorPolicy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CPU update of a few micro-batches runs for minutes: it logs a line per micro-batch, and the
+    pipeline's train stage ends with one line of the step's figures (kfp.local and pod logs)."""
+    from lemon_core.stages import update_line
+
+    records = [_record(tiny_policy, float(i % 2), truncated=False, sample=i) for i in range(5)]
+    cfg = TrainConfig(grpo={"kl_coef": 0.0}, optim={"micro_batch_size": 2})
+    params = [p for p in tiny_policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    metrics = grpo_update(tiny_policy, None, records, opt, sched, cfg, progress=True)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("grpo update")]
+    assert lines[:3] == [ln for ln in lines if "micro-batch " in ln][:3] and len(lines) == 4  # 3 + "done"
+    assert lines[2].startswith("grpo update micro-batch 3/3 (100%)") and lines[3].startswith("grpo update done")
+    line = update_line(2, {**metrics, "reward/mean": 0.4, "valid_rate": 1.0, "time/update_s": 75.0})
+    assert line.startswith("update iteration 2 done in 1m15s: reward/mean=0.4 valid_rate=1 loss=")
+    assert "kl=" in line and "grad_norm=" in line
