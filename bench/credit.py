@@ -24,15 +24,22 @@ floor / cap / drop settings given here; ``--credit legacy`` the paper's formula 
 ``--families all`` adds ``capacity_upgrade`` to ``rollout.edit_families``. The share of specs at the
 optimum is read back from each arm's saved rollouts.
 
-Measured here (2 shared CPU cores, so only a small version; seeds 0-2, 12 steps, lr 5e-4, kl 0.04,
-T 0.7, SFT 400 steps -> valid 1.0 at step 1, r* = 0.684): every run of both arms censored, ratio=1.000;
-final reward grpo -0.19 ± 0.41, grpo+cf 0.23 ± 0.08 (s.e.); optimal share 0.03 vs 0.06 (1/9 at the
-start). The tiny policy does not learn the capacity pair within 12 steps, and single updates
-sometimes wreck its YAML (valid 1.0 -> 0.0 within a step in 2 of 6 runs); lr 1e-3 (with or without
-kl 0.1) or 4 epochs per batch made that the rule. 30 steps (seeds 0 and 3) were censored too: seed 0
-final -0.13 vs -0.07, optimal share 0.03 vs 0.11; seed 3 lost validity in both arms. So issue #10's
-ratio target is NOT shown: the policy's YAML validity, not credit, limits this setup; a stabler
-update (lower lr over more steps, or a larger tiny model) is needed before the ratio means anything.
+Measured here (2-core CPU, one core for this run; 2026-12-03): 16 seeds, 20 steps, window 5, lr 5e-4,
+kl 0.04, T 0.7, grammar on, SFT 400 steps (r* = 0.629, target 0.566), 29 min:
+
+    grpo     steps_to_90%=18.62 ± 1.24 (s.e., n=16, censored=12) final_reward=0.242 ± 0.067 optimal_share=0.05 ± 0.02
+    grpo+cf  steps_to_90%=17.81 ± 1.25 (s.e., n=16, censored=9)  final_reward=0.394 ± 0.048 optimal_share=0.03 ± 0.02
+    ratio=0.956
+
+So issue #10's target (ratio <= 0.75) is NOT reached. The counterfactual arm ends higher (final reward
++0.15, about 1.9 s.e. of the difference) and fewer of its runs are censored (9 vs 12 of 16), but neither
+arm learns the capacity pair within 20 steps: the share of specs at the optimum ends below its SFT start
+(1/9 = 0.11). Without the grammar (the earlier runs: 3 seeds, 12 steps, ratio=1.000) single updates broke
+the tiny policy's YAML; with it, the final valid rate is >= 0.78 in 30 of 32 runs (two GRPO runs: 0.40
+and 0.50), and lr 2e-3 (seed 0, 16 steps) still drops validity to 0.25-0.64 on the graph rules the
+grammar cannot express. What limits the ratio here is how slowly a tiny policy moves two capacity
+tokens at a stable learning rate, not the credit signal alone.
+
 Run one seed per process with --sft-cache and --json, then --merge.
 
     OMP_NUM_THREADS=1 python bench/credit.py [--seeds 16] [--steps 12] [--families paper|all]

@@ -84,7 +84,8 @@ def write_specs(
     from lemon_core.rollout import parse_completion
 
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
-    samples = [g[0] for g in policy.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed)]
+    groups = policy.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed, with_logprobs=False)
+    samples = [g[0] for g in groups]
     out: list[SpecAttempt] = []
     for s in samples:
         parsed, error = parse_completion(s.text, pool)

@@ -213,11 +213,14 @@ class OrchestratorPolicy:
         top_p: float = 1.0,
         seed: int = 0,
         batch_size: int = 16,
+        with_logprobs: bool = True,
     ) -> list[list[Sample]]:
         """``n`` completions per prompt (result[i][j] = j-th sample of prompt i), seeded.
 
         temperature 0 means greedy. Old logprobs use ``temperature`` (1 when greedy), the same
-        convention ``logprobs`` uses in the loss.
+        convention ``logprobs`` uses in the loss. ``with_logprobs=False`` skips that forward pass over
+        prompt + completion (evaluation and the valid-rate check never train on the samples) and leaves
+        ``Sample.logprobs`` empty.
         """
         if n < 1 or max_new_tokens < 1:
             raise ValueError(f"n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
@@ -235,7 +238,7 @@ class OrchestratorPolicy:
                 )  # fmt: skip
             else:
                 new = self._generate(batch, max_new_tokens, temperature, top_p, seed + lo)
-            out.extend(self._to_samples(batch, new, temperature, batch_size))
+            out.extend(self._to_samples(batch, new, temperature, batch_size, with_logprobs))
         self.model.train(was_training)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -268,7 +271,7 @@ class OrchestratorPolicy:
         return generated[:, width:].tolist()
 
     def _to_samples(self, prompts: list[list[int]], new: list[list[int]], temperature: float,
-                    batch_size: int = 16) -> list[Sample]:
+                    batch_size: int = 16, with_logprobs: bool = True) -> list[Sample]:
         """Cut each row after its first end-of-turn token, then decode, take offsets and old logprobs
         (``batch_size`` rows per forward pass: a sampler like vLLM returns the whole batch at once)."""
         greedy = temperature <= 0
@@ -278,8 +281,11 @@ class OrchestratorPolicy:
             completions.append(row if cut is None else row[: cut + 1])
             finished.append(cut is not None)
         t = 1.0 if greedy else temperature
-        old = [lp for lo in range(0, len(prompts), batch_size)
-               for lp in self.logprobs(prompts[lo : lo + batch_size], completions[lo : lo + batch_size], t)]
+        if with_logprobs:
+            old = [lp for lo in range(0, len(prompts), batch_size)
+                   for lp in self.logprobs(prompts[lo : lo + batch_size], completions[lo : lo + batch_size], t)]
+        else:
+            old = [[] for _ in prompts]
         samples = []
         for p, c, lp, done in zip(prompts, completions, old, finished, strict=True):
             body = c[:-1] if done else c  # the end-of-turn token is trained on but is not spec text

@@ -249,6 +249,32 @@ def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dic
     return out
 
 
+def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The SFT warm-up as (what, value) rows, from its ``sft.json``: what the teacher sweep taught and how
+    valid the unconstrained orchestrator was after it - the first thing to read when the trained
+    orchestrator scores exactly what one baseline scores (it learned to write that baseline)."""
+    def rate(value: Any) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    rows = [{"what": "teacher", "value": sft.get("teacher", "?")}]
+    sweep = sft.get("sweep") or {}
+    if sweep:
+        taught = ", ".join(f"{name} \u00d7{n}" for name, n in sweep.get("taught", {}).items())
+        rows += [{"what": "taught (candidate \u00d7 SFT targets)", "value": taught},
+                 {"what": "sweep tasks / no candidate solved", "value": f"{sweep.get('tasks')} / "
+                                                                       f"{sweep.get('fallback_tasks')}"},
+                 {"what": "teachers' mean score", "value": rate(sweep.get("teacher_score"))}]
+    ci = sft.get("valid_rate_after_ci")
+    after = rate(sft.get("valid_rate_after")) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    rows += [{"what": "valid-spec rate before \u2192 after (unconstrained)",
+              "value": f"{rate(sft.get('valid_rate_before'))} \u2192 {after} (n={sft.get('valid_samples', 0)})"},
+             {"what": "pairs / steps / rounds", "value": f"{sft.get('pairs')} / {sft.get('steps')} / "
+                                                         f"{sft.get('rounds', 1)}"},
+             {"what": "loss first \u2192 last", "value": f"{_fmt(sft.get('loss_first'))} \u2192 "
+                                                          f"{_fmt(sft.get('loss_last'))}"}]
+    return rows
+
+
 def sft_vs_trained(rows: list[dict[str, Any]], traces: Traces | None = None,
                    levels: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Per benchmark where both were evaluated: SFT-only and trained orchestrator side by side."""

@@ -220,19 +220,29 @@ def valid_spec_rate(
     max_new_tokens: int,
     temperature: float = 1.0,
     seed: int = 0,
+    progress: bool = False,
+    desc: str = "valid-spec check",
 ) -> float:
-    """Fraction of sampled completions that ``parse_spec`` accepts (spec found, valid, known levels)."""
+    """Fraction of sampled completions that ``parse_spec`` accepts (spec found, valid, known levels).
+
+    Sampled in chunks of about 16 completions (the sampler's batch), one progress line each: an untrained
+    CPU policy that never stops writes the whole budget, and 32 such samples take minutes."""
+    from lemon_core.progress import progress as progress_of
+
     if not questions:
         return float("nan")
-    prompts = [policy.prompt_ids(q, pool) for q in questions]
-    groups = policy.sample(
-        prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
-    )
+    per_chunk = max(1, 16 // samples)
     ok = total = 0
-    for group in groups:
-        for s in group:
-            total += 1
-            ok += parse_completion(s.text, pool)[0] is not None
+    with progress_of(len(questions) * samples, desc, unit="sample", mode=None if progress else "off") as bar:
+        for lo in range(0, len(questions), per_chunk):
+            prompts = [policy.prompt_ids(q, pool) for q in questions[lo : lo + per_chunk]]
+            groups = policy.sample(prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   seed=seed + 1000 * lo, with_logprobs=False)
+            for group in groups:
+                for s in group:
+                    total += 1
+                    ok += parse_completion(s.text, pool)[0] is not None
+            bar.update(len(prompts) * samples, valid=ok / total)
     return ok / total
 
 
@@ -277,11 +287,11 @@ class SFTReport(BaseModel):
 
 
 def sft_valid_rate(policy: OrchestratorPolicy, questions: Sequence[str], pool: CapacityPool,
-                   cfg: Any) -> float:
+                   cfg: Any, progress: bool = False, when: str = "after SFT") -> float:
     """Valid-spec rate of ``policy`` on ``questions``, sampled as rollouts sample (before/after SFT)."""
     return valid_spec_rate(
         policy, questions, pool, samples=cfg.sft.eval_samples, max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature, seed=cfg.seed,
+        temperature=cfg.rollout.temperature, seed=cfg.seed, progress=progress, desc=f"valid-spec check {when}",
     )
 
 
@@ -310,7 +320,7 @@ def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_t
     """SFT warm-up of ``policy`` in place on teacher specs for ``train_tasks``; the valid-spec rate is measured
     on held-out questions before and after (after every round when ``sft.target_valid_rate`` is set)."""
     questions = list(held_out_questions[: cfg.sft.eval_tasks])
-    before = sft_valid_rate(policy, questions, pool, cfg) if questions else None
+    before = sft_valid_rate(policy, questions, pool, cfg, progress, "before SFT") if questions else None
     pairs, sweep = teacher_pairs(policy, cfg, pool, train_tasks, scorer, progress) if cfg.sft.enabled else ([], None)
     if cfg.sft.enabled and not pairs:
         raise ConfigError("sft: no (question, spec) pairs to learn from; set sft.pairs_per_task >= 1, "
@@ -320,7 +330,8 @@ def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_t
     while pairs and rounds < cfg.sft.max_rounds:
         rounds += 1
         losses += sft_train(policy, pairs, pool, cfg.sft, seed=cfg.seed + rounds - 1, progress=progress)
-        after = sft_valid_rate(policy, questions, pool, cfg) if questions else None
+        if questions:
+            after = sft_valid_rate(policy, questions, pool, cfg, progress, f"after SFT round {rounds}")
         if cfg.sft.target_valid_rate is None or after is None or after >= cfg.sft.target_valid_rate:
             break
     if not pairs and questions:

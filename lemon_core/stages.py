@@ -375,6 +375,11 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
     tables = (
         {"Training iterations": [{k: r[k] for k in keep if k in r} for r in train_rows]} if train_rows else {}
     )
+    sft_uri = storage.join(root, "sft", "sft.json")
+    if storage.exists(sft_uri):
+        from lemon_core.report import sft_rows
+
+        tables = {"SFT warm-up": sft_rows(json.loads(storage.read_text(sft_uri))), **tables}
     traces = {}
     for uri, row in zip(summary_uris, rows, strict=True):
         if is_orchestrator(str(row["method"])):

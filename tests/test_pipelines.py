@@ -133,6 +133,7 @@ def test_tiny_pipeline_runs_end_to_end_with_kfp_local(tmp_path: Path) -> None:
     assert all(s["n"] == 2 and "valid_rate" in s and "accuracy_ci_high" in s for s in summaries.values())
     html = (run / "report" / "report.html").read_text()
     assert "data:image/png;base64," in html and "multiarith" in html
+    assert "<h2>SFT warm-up</h2>" in html and "valid-spec rate before" in html  # read from the run's sft.json
     published = "publish gate: PUBLISH" in html
     assert published or "publish gate: NOT PUBLISHED" in html, "the report says what the gate decided"
     # the served model lives beside the runs, not inside one; the gate's decision is what happened

@@ -99,6 +99,18 @@ def test_greedy_sampling_is_deterministic_across_seeds(policy: OrchestratorPolic
     assert g1[0].completion_ids == g1[1].completion_ids == g2[0].completion_ids
 
 
+def test_sampling_without_logprobs_gives_the_same_text_and_skips_the_scoring_pass(
+    policy: OrchestratorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluation and the valid-rate check never train on their samples: no old log-prob forward pass."""
+    prompt = policy.prompt_ids("What is 2 + 3?", load_pool("simulated"))
+    full = policy.sample([prompt], 2, max_new_tokens=8, temperature=1.0, seed=3)[0]
+    monkeypatch.setattr(policy, "logprobs", lambda *a, **k: pytest.fail("scored samples nobody trains on"))
+    bare = policy.sample([prompt], 2, max_new_tokens=8, temperature=1.0, seed=3, with_logprobs=False)[0]
+    assert [s.completion_ids for s in bare] == [s.completion_ids for s in full]
+    assert [s.text for s in bare] == [s.text for s in full] and all(s.old_logprobs == [] for s in bare)
+
+
 def test_bad_arguments_are_named(policy: OrchestratorPolicy) -> None:
     with pytest.raises(ValueError, match="max_new_tokens"):
         policy.sample([[1, 2]], 1, max_new_tokens=0)

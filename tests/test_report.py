@@ -361,3 +361,23 @@ def test_report_of_a_real_evaluation(tmp_path: Path) -> None:
     for agent in first["agents"]:
         assert f"<pre>{html.escape(agent['output'])}</pre>" in page, "each agent's output, as the trace has it"
     assert "4: 100%" in page and "diamond: 100%" in page
+
+
+def test_the_sft_section_says_what_was_taught_and_how_valid_the_result_is() -> None:
+    """The figures of a real `make run` SFT (2026-12-03): the sweep taught cot@large to all 8 tasks."""
+    from lemon_core.report import render_html, sft_rows
+
+    sft = {"valid_rate_before": 0.0, "valid_rate_after": 1.0, "valid_rate_after_ci": [0.8928, 1.0],
+           "valid_samples": 32, "loss_first": 1.115, "loss_last": 5.09e-05, "pairs": 8, "steps": 16, "rounds": 1,
+           "teacher": "sweep", "sweep": {"tasks": 8, "taught": {"cot@large": 8}, "fallback_tasks": 5,
+                                         "teacher_score": 0.375}}
+    rows = {r["what"]: r["value"] for r in sft_rows(sft)}
+    assert rows["taught (candidate \u00d7 SFT targets)"] == "cot@large \u00d78"
+    assert rows["valid-spec rate before \u2192 after (unconstrained)"] == "0.000 \u2192 1.000 [0.893, 1.000] (n=32)"
+    assert rows["sweep tasks / no candidate solved"] == "8 / 5"
+    assert rows["loss first \u2192 last"] == "1.115 \u2192 5.09e-05"
+    templated = {r["what"]: r["value"] for r in sft_rows({"teacher": "templated", "valid_rate_after": None})}
+    assert "taught (candidate \u00d7 SFT targets)" not in templated
+    assert templated["valid-spec rate before \u2192 after (unconstrained)"] == "- \u2192 - (n=0)"
+    page = render_html([], images={}, tables={"SFT warm-up": sft_rows(sft)})
+    assert "<h2>SFT warm-up</h2>" in page and "cot@large \u00d78" in page

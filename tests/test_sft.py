@@ -102,3 +102,17 @@ def test_a_budget_below_the_targets_95th_percentile_is_refused(policy: Orchestra
     assert check_token_budget(policy, targets, p95)["p95"] == p95
     with pytest.raises(ConfigError, match=rf"rollout.max_new_tokens={p95 - 1} .*\({p95} tokens\).*at least {p95}"):
         check_token_budget(policy, targets, p95 - 1)
+
+
+def test_the_valid_spec_check_logs_a_line_per_sampled_chunk(
+    policy: OrchestratorPolicy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """32 samples of an untrained CPU policy take minutes: the check reports every chunk of ~16 samples."""
+    from lemon_core.sft import valid_spec_rate
+
+    rate = valid_spec_rate(policy, [f"What is {i} + 1?" for i in range(8)], POOL, samples=4, max_new_tokens=6,
+                           progress=True, desc="valid-spec check before SFT")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("valid-spec check before SFT")]
+    assert [ln.split(",")[0] for ln in lines[:2]] == ["valid-spec check before SFT sample 16/32 (50%)",
+                                                     "valid-spec check before SFT sample 32/32 (100%)"]
+    assert 0.0 <= rate <= 1.0 and "valid=" in lines[1] and lines[-1].startswith("valid-spec check before SFT done")
