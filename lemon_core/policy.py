@@ -19,7 +19,7 @@ ratio needs exactly log pi_old under the loss's convention.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,13 +214,15 @@ class OrchestratorPolicy:
         seed: int = 0,
         batch_size: int = 16,
         with_logprobs: bool = True,
+        on_batch: Callable[[list[Sample]], None] | None = None,
     ) -> list[list[Sample]]:
         """``n`` completions per prompt (result[i][j] = j-th sample of prompt i), seeded.
 
         temperature 0 means greedy. Old logprobs use ``temperature`` (1 when greedy), the same
         convention ``logprobs`` uses in the loss. ``with_logprobs=False`` skips that forward pass over
         prompt + completion (evaluation and the valid-rate check never train on the samples) and leaves
-        ``Sample.logprobs`` empty.
+        ``Sample.logprobs`` empty. ``on_batch`` gets each batch's samples as soon as they are done (progress
+        on a CPU, where one batch takes minutes).
         """
         if n < 1 or max_new_tokens < 1:
             raise ValueError(f"n={n} and max_new_tokens={max_new_tokens} must both be >= 1")
@@ -238,7 +240,10 @@ class OrchestratorPolicy:
                 )  # fmt: skip
             else:
                 new = self._generate(batch, max_new_tokens, temperature, top_p, seed + lo)
-            out.extend(self._to_samples(batch, new, temperature, batch_size, with_logprobs))
+            done = self._to_samples(batch, new, temperature, batch_size, with_logprobs)
+            out.extend(done)
+            if on_batch is not None:
+                on_batch(done)
         self.model.train(was_training)
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 

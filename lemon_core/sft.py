@@ -225,24 +225,24 @@ def valid_spec_rate(
 ) -> float:
     """Fraction of sampled completions that ``parse_spec`` accepts (spec found, valid, known levels).
 
-    Sampled in chunks of about 16 completions (the sampler's batch), one progress line each: an untrained
-    CPU policy that never stops writes the whole budget, and 32 such samples take minutes."""
+    One progress line per sampled batch: an untrained CPU policy that never stops writes the whole budget,
+    and 32 such samples take minutes."""
     from lemon_core.progress import progress as progress_of
 
     if not questions:
         return float("nan")
-    per_chunk = max(1, 16 // samples)
+    prompts = [policy.prompt_ids(q, pool) for q in questions]
     ok = total = 0
-    with progress_of(len(questions) * samples, desc, unit="sample", mode=None if progress else "off") as bar:
-        for lo in range(0, len(questions), per_chunk):
-            prompts = [policy.prompt_ids(q, pool) for q in questions[lo : lo + per_chunk]]
-            groups = policy.sample(prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                                   seed=seed + 1000 * lo, with_logprobs=False)
-            for group in groups:
-                for s in group:
-                    total += 1
-                    ok += parse_completion(s.text, pool)[0] is not None
-            bar.update(len(prompts) * samples, valid=ok / total)
+    with progress_of(len(prompts) * samples, desc, unit="sample", mode=None if progress else "off") as bar:
+
+        def count(batch: list[Any]) -> None:
+            nonlocal ok, total
+            total += len(batch)
+            ok += sum(parse_completion(s.text, pool)[0] is not None for s in batch)
+            bar.update(len(batch), valid=ok / total)
+
+        policy.sample(prompts, samples, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                      with_logprobs=False, on_batch=count)
     return ok / total
 
 

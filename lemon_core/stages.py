@@ -337,7 +337,7 @@ def read_summaries(uris: Sequence[str]) -> list[dict[str, Any]]:
 def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path) -> dict[str, Path]:
     """HTML + Markdown report with the Pareto plot and (when training ran) the reward curve; written
     locally to ``out_dir`` and copied to ``<run>/report``. It also says whether the gate publishes."""
-    from lemon_core.report import is_orchestrator, write_report
+    from lemon_core.report import is_orchestrator, sft_rows, write_report
 
     rows = read_summaries(summary_uris)
     root = root_of_summary(summary_uris[0]) if summary_uris else cfg.artifacts
@@ -377,8 +377,6 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
     )
     sft_uri = storage.join(root, "sft", "sft.json")
     if storage.exists(sft_uri):
-        from lemon_core.report import sft_rows
-
         tables = {"SFT warm-up": sft_rows(json.loads(storage.read_text(sft_uri))), **tables}
     traces = {}
     for uri, row in zip(summary_uris, rows, strict=True):
