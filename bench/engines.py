@@ -7,12 +7,14 @@ peak RSS (``getrusage`` in that process: its own, or its largest child's) is its
 generated tokens/s, and prefill and decode separately, measured the same way for every engine: prefill is a
 run of the same batch with ``max_tokens=1`` (prompt + one token), decode tok/s is the remaining
 ``b * (max_tokens - 1)`` tokens over the remaining time. The last line is
-``ratio=<transformers 1-thread tok/s / best other engine tok/s>`` at the largest batch.
+``ratio=<transformers (the embedded default) tok/s / best non-lemon engine tok/s>`` at the largest batch.
 
 Engines:
 
-* ``transformers-t1`` / ``transformers-t2``: ``lemon_core.backends.TransformersBackend`` with 1 / 2 torch threads
-  (the embedded default; fp32).
+* ``transformers``: ``lemon_core.backends.TransformersBackend`` as lemon runs it by default: fp32, linear layers
+  packed for oneDNN (``lemon_core/backends/packed_linear.py``), torch's default thread count (one per core).
+* ``transformers-dense``: the same with ``packed_weights=False`` (plain ``F.linear``, MKL sgemm): what packing buys.
+* ``transformers-t1``: the default with one torch thread.
 * ``vllm``: ``vllm.LLM`` (fp32) in the Python given by ``--vllm-python`` (e.g. ``.venv-vllm/bin/python`` made by
   ``.ci/vllm_cpu_check.sh``), one OpenMP thread bound to core 0; skipped when ``import vllm`` fails there.
 * ``llamacpp``: ``llama_cpp.Llama`` (llama-cpp-python) in ``--llama-python`` on an f32 GGUF of the same model
@@ -38,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINES = ("transformers-t1", "transformers-t2", "vllm", "llamacpp")
-BASELINE = "transformers-t1"
+ENGINES = ("transformers", "transformers-dense", "transformers-t1", "vllm", "llamacpp")
+BASELINE = "transformers"
+DEFAULT_THREADS = 0  # "threads" value meaning: leave the engine its own default (torch: one thread per core)
 
 # 32 short chat prompts of the kind lemon's agents get (arithmetic word problems, code, a plan).
 _TEMPLATES = (
@@ -77,11 +80,13 @@ def measure(generate: Any, batches: Sequence[int], max_tokens: int) -> list[dict
     return rows
 
 
-def transformers_worker(model: str, threads: int, batches: Sequence[int], max_tokens: int) -> list[dict[str, Any]]:
+def transformers_worker(model: str, threads: int, batches: Sequence[int], max_tokens: int,
+                        packed: bool = True) -> list[dict[str, Any]]:
     from lemon_core.backends.base import GenerationRequest
     from lemon_core.backends.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend(model, num_threads=threads, max_batch_size=max(batches))
+    backend = TransformersBackend(model, num_threads=threads or None, max_batch_size=max(batches),
+                                  packed_weights=packed)
     backend.eos_ids = set()  # no early stop: every engine generates exactly max_tokens per prompt
 
     def generate(prompts: list[str], n: int) -> int:
@@ -147,8 +152,11 @@ def peak_rss_mib() -> float:
 def worker_main(args: argparse.Namespace) -> None:
     kind, threads = args.worker, args.threads
     target = args.gguf if kind == "llamacpp" else args.model
-    fn = {"transformers": transformers_worker, "vllm": vllm_worker, "llamacpp": llamacpp_worker}[kind]
-    rows = fn(target, threads, args.batches, args.max_tokens)
+    if kind == "transformers-dense":
+        rows = transformers_worker(target, threads, args.batches, args.max_tokens, packed=False)
+    else:
+        fn = {"transformers": transformers_worker, "vllm": vllm_worker, "llamacpp": llamacpp_worker}[kind]
+        rows = fn(target, threads, args.batches, args.max_tokens)
     print("RESULT " + json.dumps({"rows": rows, "peak_rss_mib": peak_rss_mib()}), flush=True)
 
 
@@ -167,8 +175,12 @@ def run_engine(python: str, kind: str, threads: int, args: argparse.Namespace, g
            args.model, "--max-tokens", str(args.max_tokens), "--batches", *map(str, args.batches)]
     if gguf:
         cmd += ["--gguf", gguf]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    if threads != DEFAULT_THREADS:
+        env["OMP_NUM_THREADS"] = str(threads)
+    else:
+        env.pop("OMP_NUM_THREADS", None)  # the default: what a user's `make run` gets
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
     result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
@@ -190,11 +202,15 @@ def engine_plan(args: argparse.Namespace) -> list[tuple[str, str, str, int, str 
     """(name, python, worker kind, threads, gguf) of every engine that can run; prints why others are skipped."""
     plan: list[tuple[str, str, str, int, str | None]] = []
     for name in args.engines:
-        if name.startswith("transformers"):
-            plan.append((name, sys.executable, "transformers", int(name[-1]), None))
+        if name == "transformers":
+            plan.append((name, sys.executable, "transformers", DEFAULT_THREADS, None))
+        elif name == "transformers-dense":
+            plan.append((name, sys.executable, "transformers-dense", DEFAULT_THREADS, None))
+        elif name == "transformers-t1":
+            plan.append((name, sys.executable, "transformers", 1, None))
         elif name == "vllm":
             if args.vllm_python and can_import(args.vllm_python, "vllm"):
-                plan.append((name, args.vllm_python, "vllm", 1, None))
+                plan.append((name, args.vllm_python, "vllm", args.vllm_threads, None))
             else:
                 print(f"vllm: not installed, skipped (no `import vllm` in --vllm-python={args.vllm_python})")
         elif name == "llamacpp":
@@ -228,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
                     help="a Python with vllm (vllm-cpu) installed")
+    ap.add_argument("--vllm-threads", type=int, default=1,
+                    help="cores vLLM's CPU backend binds its OpenMP threads to (it wants one core per thread)")
     ap.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python (default: this one)")
     ap.add_argument("--gguf", default=None, help="f32 GGUF of --model for llama.cpp")
     ap.add_argument("--llama-convert", default=None, help="llama.cpp's convert_hf_to_gguf.py, to make the GGUF")
     ap.add_argument("--json", default=None, help="also write the results here")
-    ap.add_argument("--worker", choices=("transformers", "vllm", "llamacpp"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("transformers", "transformers-dense", "vllm", "llamacpp"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -254,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: FAILED {e}")
             continue
         for row in results[name]["rows"]:
-            print(f"{name:16s} threads={threads} batch={row['batch']:2d} tokens={row['tokens']:5d} "
+            shown = "default" if threads == DEFAULT_THREADS else threads
+            print(f"{name:18s} threads={shown} batch={row['batch']:2d} tokens={row['tokens']:5d} "
                   f"{row['tok_s']:7.2f} tok/s  prefill {row['prefill_s']:6.2f}s  decode {row['decode_tok_s']:7.2f} "
                   f"tok/s  peak_rss={results[name]['peak_rss_mib']:.0f}MiB")
     if args.json:

@@ -411,6 +411,9 @@ class PipelineConfig(BaseModel):
     )
     tasks_per_shard: int = Field(2, ge=1, description="tasks each rollout pod takes from its shard")
     rollout_parallelism: int = Field(1, ge=1, description="rollout pods at once")
+    node_cache: bool = Field(
+        True, description="stages of a run on local disk share agent answers (<run>/node-cache): an identical "
+        "call (same level, prompt, sampling, seed) is answered once per run; it is still charged its price")
     prepare: PrepareConfig = Field(description="benchmarks, splits and shards")
     train: TrainConfig = Field(default_factory=TrainConfig, description="lemon train's config (same fields)")
     evaluate: EvalSettings = Field(default_factory=EvalSettings, description="evaluation matrix")

@@ -61,6 +61,7 @@ class EvalSummary(BaseModel):
     mean_cost_usd: float
     mean_latency_s: float
     agent_calls: int
+    cached_calls: int = 0  # agent calls answered from the node cache: no latency, still charged their price
     failures: int
     wall_s: float
     sandbox_mode: str | None = None
@@ -129,7 +130,7 @@ def evaluate(
         sandbox_mode = current_mode()  # refuses (SandboxUnavailableError) before any agent call is spent
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
-    cache = cache if cache is not None else ExecutionCache()
+    cache = cache if cache is not None else ExecutionCache.for_pool(pool)
     bar = progress_of(len(examples), f"evaluate {benchmark.name if benchmark else 'tasks'}/{method}",
                       unit="example", mode=None if progress else "off")
     for lo in range(0, len(examples), batch_size):
@@ -186,8 +187,8 @@ def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool:
         prediction = bench.extract(trace.answer, example) if trace.ok else None
         score = float(bench.score(prediction, example)) if prediction is not None else 0.0
     record = {"id": example.id, "gold": example.answer, "prediction": prediction, "score": score, "valid": True,
-              "agent_calls": trace.agent_calls, "tokens": trace.tokens,
-              "truncated_answers": truncated_agents(trace, pool), **trace.to_dict()}
+              "agent_calls": trace.agent_calls, "cached_calls": sum(a.cached for a in trace.agents),
+              "tokens": trace.tokens, "truncated_answers": truncated_agents(trace, pool), **trace.to_dict()}
     if reward_cfg is not None:
         record["reward"] = compute_reward(score, trace, reward_cfg).total
     return record
@@ -221,6 +222,7 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
         mean_cost_usd=sum(r["cost"] for r in records) / d,
         mean_latency_s=sum(r["latency_s"] for r in records) / d,
         agent_calls=sum(r["agent_calls"] for r in records),
+        cached_calls=sum(r.get("cached_calls", 0) for r in records),
         failures=sum(1 for r in records if r["error"] and r.get("valid", True)),
         wall_s=wall_s, sandbox_mode=sandbox_mode,
     )

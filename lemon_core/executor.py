@@ -18,11 +18,15 @@ skipped, the spec's answer is empty and ``Trace.error`` says why. The batch goes
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, TextIO
 
 from lemon_core.backends.base import Completion, GenerationRequest
 from lemon_core.pool import CapacityPool
@@ -115,12 +119,29 @@ class Trace:
 
 
 class ExecutionCache:
-    """Completed agent calls keyed by (capacity, request). Counts hits and misses."""
+    """Completed agent calls keyed by (capacity, request). Counts hits and misses.
 
-    def __init__(self) -> None:
+    ``persist_dir`` (a run's ``node-cache/<pool>`` folder, see ``CapacityPool.remember_answers``) keeps the
+    answers on disk too, so a later stage of the same run reuses them: the evaluation of an orchestrator
+    that writes CoT's very spec costs nothing twice. Each writing process appends to its own JSONL file
+    (no two writers share a file); every file is read at start. A line cut short by a killed writer is
+    skipped. Requests with a grammar (the orchestrator's) are only remembered in memory.
+    """
+
+    def __init__(self, persist_dir: Path | None = None) -> None:
         self._store: dict[tuple[str, GenerationRequest], Completion] = {}
         self.hits = 0
         self.misses = 0
+        self._persist_dir = persist_dir
+        self._out: TextIO | None = None
+        if persist_dir is not None:
+            for path in sorted(persist_dir.glob("*.jsonl")):
+                self._load(path)
+
+    @classmethod
+    def for_pool(cls, pool: CapacityPool) -> ExecutionCache:
+        """A cache that also reads and writes the pool's remembered answers, when it has any."""
+        return cls(pool.answer_cache_dir)
 
     def get(self, capacity: str, request: GenerationRequest) -> Completion | None:
         found = self._store.get((capacity, request))
@@ -131,11 +152,42 @@ class ExecutionCache:
         return found
 
     def put(self, capacity: str, request: GenerationRequest, completion: Completion) -> None:
-        if completion.ok:  # failures are not remembered: a retry should really retry
-            self._store[(capacity, request)] = completion
+        if not completion.ok:  # failures are not remembered: a retry should really retry
+            return
+        self._store[(capacity, request)] = completion
+        if self._persist_dir is not None and request.grammar is None:
+            self._append({"capacity": capacity, "request": _request_row(request),
+                          "completion": asdict(completion)})
 
     def __len__(self) -> int:
         return len(self._store)
+
+    def _load(self, path: Path) -> None:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                request = GenerationRequest(
+                    messages=tuple((r, c) for r, c in row["request"]["messages"]),
+                    **{k: v for k, v in row["request"].items() if k != "messages"},
+                )
+                self._store[(row["capacity"], request)] = Completion(**row["completion"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a torn last line of a killed writer: that call simply runs again
+
+    def _append(self, row: dict[str, object]) -> None:
+        if self._out is None:
+            assert self._persist_dir is not None
+            self._persist_dir.mkdir(parents=True, exist_ok=True)
+            name = f"answers-{os.getpid()}-{uuid.uuid4().hex[:6]}.jsonl"
+            self._out = (self._persist_dir / name).open("a", encoding="utf-8")
+        self._out.write(json.dumps(row, default=str) + "\n")
+        self._out.flush()
+
+
+def _request_row(request: GenerationRequest) -> dict[str, object]:
+    """The JSON form of a grammar-free request (what ``ExecutionCache._load`` reads back)."""
+    return {"messages": [list(m) for m in request.messages], "max_tokens": request.max_tokens,
+            "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
 
 
 def agent_seed(seed: int, agent_id: str) -> int:

@@ -498,6 +498,13 @@ class SpecLogitsProcessor:
             self._consume(input_ids)
         return self._mask(scores)
 
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only these rows (by their current index), in this order: the caller dropped the others from
+        its batch (``TransformersBackend`` removes finished rows), so the next call has ``len(rows)`` rows."""
+        self.matchers = [self.matchers[i] for i in rows]
+        self.finished = [self.finished[i] for i in rows]
+        self.bitmask = self.bitmask[list(rows)].contiguous()
+
     def _consume(self, input_ids: torch.Tensor) -> None:
         self.steps += 1
         if input_ids.shape[1] != self.start + self.steps:

@@ -8,6 +8,8 @@ backend instance, so two levels over one model do not load it twice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -75,6 +77,22 @@ class CapacityPool(BaseModel):
     def model_post_init(self, _context: Any) -> None:
         self._backends: dict[tuple[str, str, str], Backend] = {}
         self._overrides: dict[str, Backend] = {}
+        self._answer_dir: Path | None = None
+
+    # --- remembered answers -----------------------------------------------------------------------
+    def remember_answers(self, directory: Path) -> None:
+        """Keep this pool's agent answers in ``directory`` (``executor.ExecutionCache.for_pool``): stages of one
+        run that share the directory reuse each other's identical calls instead of running them again."""
+        self._answer_dir = Path(directory)
+
+    @property
+    def answer_cache_dir(self) -> Path | None:
+        return self._answer_dir
+
+    def identity(self) -> str:
+        """A short digest of what decides this pool's answers (levels: backends, models, caps, sampling)."""
+        levels = [lv.model_dump(mode="json") for lv in self.levels]
+        return hashlib.sha256(json.dumps(levels, sort_keys=True).encode()).hexdigest()[:12]
 
     # --- lookup -------------------------------------------------------------------------------
     @property

@@ -35,7 +35,7 @@ ORCHESTRATOR_FORMAT = (
     "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
     "output is the id of the agent whose answer is final; every other agent is read by a later one. "
     "capacity is one of: {levels}. "
-    "The example only shows the format: choose the agents and each one's capacity for this task "
+    "The example only shows the format: choose the agents and each one's capacity for the task below "
     "(a capable level costs more; a wrong answer is worth nothing)."
 )
 
@@ -44,7 +44,7 @@ ORCHESTRATOR_FORMAT_JSON = (
     "Agents run in the listed order. depends_on lists earlier agents whose outputs the agent reads. "
     "output is the id of the agent whose answer is final; every other agent is read by a later one. "
     "capacity is one of: {levels}. "
-    "The example only shows the format: choose the agents and each one's capacity for this task "
+    "The example only shows the format: choose the agents and each one's capacity for the task below "
     "(a capable level costs more; a wrong answer is worth nothing)."
 )
 
@@ -87,7 +87,9 @@ def orchestrator_messages(
         f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out per 1M tokens"
         for lv in pool.levels
     )
-    parts = [f"Task:\n{question.strip()}", f"Capacity levels (cheapest first):\n{levels}"]
+    # The task comes last: everything before it is the same for every task, so a sampler computes that
+    # shared prefix once per batch instead of once per row (policy.shared_prefix_layout).
+    parts = [f"Capacity levels (cheapest first):\n{levels}"]
     if include_roles:
         # names only: every prompt token is paid at every sample and every update (docs/training.md)
         parts.append("Base roles (each agent inherits one as base_role and customises its duty): "
@@ -101,6 +103,7 @@ def orchestrator_messages(
         parts.append("Write the team as a JSON object.")
     else:
         parts.append("Write the team as a YAML spec in a ```yaml block.")
+    parts.append(f"Task:\n{question.strip()}")
     user = "\n\n".join(parts)
     return [{"role": "system", "content": ORCHESTRATOR_SYSTEM}, {"role": "user", "content": user}]
 

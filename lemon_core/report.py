@@ -51,6 +51,7 @@ COLUMNS = (
     "mean_cost_usd",
     "mean_tokens",
     "mean_latency_s",
+    "cached_calls",
     "failures",
     "truncated_answers",
 )
@@ -60,6 +61,7 @@ HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
     "mean_cost_usd": "cost $/example",
     "mean_tokens": "tokens/example",
     "mean_latency_s": "latency s",
+    "cached_calls": "cached calls",  # answered from the run's node cache: latency 0, price still charged
     "truncated_answers": "truncated",
 }
 Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
@@ -92,6 +94,7 @@ def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
     if row.get("valid_rate") is None:
         invalid = row.get("invalid", row.get("invalid_specs", 0)) or 0
         row["valid_rate"] = 1.0 - invalid / n if n else 1.0
+    row.setdefault("cached_calls", 0)
     if row.get("invalid") is None:
         row["invalid"] = round((1.0 - float(row["valid_rate"])) * n)
     row["valid_ci_low"], row["valid_ci_high"] = wilson_interval(float(row["valid_rate"]) * n, n)

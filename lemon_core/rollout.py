@@ -262,7 +262,7 @@ def collect_rollouts(
     records, parsed, owners = sample_records(policy, examples, pool, cfg, reward_cfg, step=step, seed=seed)
     bar.update(sampled=len(records), valid=sum(r.valid for r in records) / max(len(records), 1))
     stats = RolloutStats()
-    cache = ExecutionCache()
+    cache = ExecutionCache.for_pool(pool)
     valid = [i for i, p in enumerate(parsed) if p is not None]
     traces = execute_specs(
         [parsed[i].spec for i in valid],

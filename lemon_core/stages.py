@@ -84,6 +84,15 @@ def local_dir(uri: str) -> Path:
     return storage.cached_download(uri, cache)  # keyed by the manifest's sha256; safe on a shared PVC
 
 
+def remember_answers(cfg: PipelineConfig, pool: Any, manifest_uri: str) -> None:
+    """Let ``pool`` share its agent answers with the run's other stages (``node_cache``), in
+    ``<run>/node-cache/<pool identity>``. Only for a run on local disk (kfp.local, `make run`): pods of a
+    cluster run have no common folder, and each stage there starts with an empty cache as before."""
+    root = run_root(manifest_uri)
+    if cfg.node_cache and not storage.is_s3(root):
+        pool.remember_answers(local_dir(root) / "node-cache" / pool.identity())
+
+
 def _metrics_out(metrics: Any, uri: str, job: str, labels: dict[str, str]) -> None:
     from lemon_core.metrics import push_if_configured, write_exposition
 
@@ -144,6 +153,7 @@ def stage_sft(cfg: PipelineConfig, manifest_uri: str) -> str:
     train = [ex for _, ex in load_split(manifest, "train")]
     held = [ex for _, ex in load_split(manifest, "val")] or train
     pool = load_train_pool(tc)
+    remember_answers(cfg, pool, manifest_uri)
     policy = load_policy(tc, tc.model)
     report = sft_warmup(policy, tc, pool, train, [t.question for t in held], tc.progress)
     root = run_root(manifest_uri)
@@ -186,6 +196,7 @@ def stage_rollout(
     tasks = tasks_for_step(tasks, iteration, cfg.tasks_per_shard, tc.seed)
     ckpt = local_dir(checkpoint_uri)
     pool = load_train_pool(tc)
+    remember_answers(cfg, pool, manifest_uri)
     policy = constrain(load_policy(tc, str(ckpt)), tc, pool.level_names)
     _attach_sampler(policy, ckpt, tc, pool)
     edit_sampler = new_edit_sampler(tc)
@@ -291,6 +302,7 @@ def stage_evaluate(
             "add the benchmark to prepare.benchmarks or raise prepare.test_limit"
         )
     pool = capped_pool(tc.pool, cfg.evaluate.agent_max_tokens)  # evaluation: the pool's caps unless set
+    remember_answers(cfg, pool, manifest_uri)
     bench = get_benchmark(benchmark)
     common = dict(method=method, split=cfg.evaluate.split, batch_size=cfg.evaluate.batch_size, seed=tc.seed,
                   progress=tc.progress, sandbox_mode=_sandbox_mode(benchmark))

@@ -105,7 +105,7 @@ def sweep_teachers(
     names = list(candidates)
     tasks = list(tasks[: cfg.max_tasks] if cfg.max_tasks else tasks)
     rewards: dict[str, list[tuple[float, float]]] = {}  # task id -> [(reward, score)] per candidate
-    cache = ExecutionCache()
+    cache = ExecutionCache.for_pool(pool)
     # counted in agent calls, not tasks: the whole sweep is often one batch that runs for many minutes
     calls = len(tasks) * sum(len(spec.agents) for spec in candidates.values())
     bar = progress_of(calls, "teacher sweep", unit="call", mode=None if progress else "off")

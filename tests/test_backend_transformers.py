@@ -9,6 +9,7 @@ import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path (pytest rootdir-less import)
 
 from lemon_core.backends.base import BackendError, GenerationRequest
+from lemon_core.backends.packed_linear import PackedLinear
 from lemon_core.backends.transformers_backend import TransformersBackend
 
 PROMPTS = [
@@ -47,6 +48,26 @@ def test_left_padded_batch_matches_one_at_a_time(backend: TransformersBackend) -
     assert [c.text for c in batched] == [c.text for c in alone]
     assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in alone]
     assert all(c.ok and c.text for c in batched)
+
+
+def test_finished_rows_leave_the_batch_and_the_others_write_the_same(backend: TransformersBackend) -> None:
+    """Rows that end (end of turn or their own max_tokens) are dropped from the running batch and its KV
+    cache; what every row writes is what it writes alone."""
+    reqs = [GenerationRequest.chat(s, u, max_tokens=m) for (s, u), m in zip(PROMPTS, (3, 12, 0, 7), strict=True)]
+    widths: list[int] = []
+    hook = backend.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        batched = backend.generate(reqs)
+    finally:
+        hook.remove()
+    alone = [backend.generate([r])[0] for r in reqs]
+    assert [c.text for c in batched] == [c.text for c in alone]
+    assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in alone]
+    assert batched[2].text == "" and batched[2].completion_tokens <= 1
+    assert widths[0] == 4 and widths[1] == 3 and widths[-1] == 1  # the 0-token row goes first, then the 3
+    assert widths == sorted(widths, reverse=True) and len(widths) <= 12
 
 
 def test_token_counts(backend: TransformersBackend) -> None:
@@ -107,9 +128,35 @@ def test_failed_batch_returns_errors_not_exceptions(model_dir: Path) -> None:
     assert len(out) == 4 and all(c.error == "RuntimeError: out of memory" for c in out)
 
 
+def test_packed_linear_computes_what_the_dense_layer_computes() -> None:
+    torch.manual_seed(0)
+    for bias in (True, False):
+        dense = torch.nn.Linear(24, 40, bias=bias)
+        x = torch.randn(3, 5, 24)  # [batch, tokens, features], as a decoder layer sees it
+        packed = PackedLinear(dense)
+        with torch.no_grad():
+            assert torch.allclose(packed(x), dense(x), atol=1e-5)
+        assert packed(x).shape == (3, 5, 40)
+        assert not list(packed.parameters())  # inference only: nothing an optimizer could train
+
+
+def test_packed_backend_is_the_cpu_default_and_writes_what_the_dense_one_writes(
+    model_dir: Path, backend: TransformersBackend
+) -> None:
+    dense = TransformersBackend(str(model_dir), packed_weights=False)
+    assert backend.packed_linear_layers > 0 and dense.packed_linear_layers == 0
+    assert not any(isinstance(m, torch.nn.Linear) for m in backend.model.modules())
+    assert any(isinstance(m, torch.nn.Linear) for m in dense.model.modules())
+    sampled = [GenerationRequest.chat(None, "hi", max_tokens=12, temperature=1.0, seed=s) for s in (1, 2)]
+    for reqs in (greedy(12), sampled):
+        assert [c.text for c in backend.generate(reqs)] == [c.text for c in dense.generate(reqs)]
+
+
 def test_bad_arguments_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dir: Path) -> None:
     with pytest.raises(BackendError, match="dtype='float64'"):
         TransformersBackend(str(model_dir), dtype="float64")
+    with pytest.raises(BackendError, match="packed_weights=true needs an fp32 model"):
+        TransformersBackend(str(model_dir), dtype="bfloat16", packed_weights=True)
     monkeypatch.setenv("LEMON_CACHE_DIR", str(tmp_path))
     with pytest.raises(BackendError, match="lemon models pull smollm2-135m-instruct"):
         TransformersBackend("smollm2-135m-instruct")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,43 @@ def test_specs_of_different_depth_in_one_call() -> None:
     assert all(t.ok for t in traces)
     assert backends["large"].batches == [2, 2, 1, 1]
     assert backends["small"].batches == [1]
+
+
+def test_remembered_answers_are_reused_by_a_later_process_and_charged_the_same(tmp_path: Path) -> None:
+    """A run's stages share answers on disk (pool.remember_answers): the second execution of the same specs
+    sends nothing to the backends, and its traces cost exactly what the first ones cost."""
+    pool, backends = make_pool()
+    pool.remember_answers(tmp_path / "answers")
+    specs, tasks = [chain("large", length=2), cot("small")], ["task a", "task b"]
+    first = execute_specs(specs, tasks, pool, cache=ExecutionCache.for_pool(pool))
+    assert backends["large"].batches == [1, 1] and backends["small"].batches == [1]
+    files = list((tmp_path / "answers").glob("*.jsonl"))
+    assert len(files) == 1 and len(files[0].read_text().splitlines()) == 3
+
+    later, later_backends = make_pool()  # a later stage: a fresh process, the same folder
+    later.remember_answers(tmp_path / "answers")
+    cache = ExecutionCache.for_pool(later)
+    again = execute_specs(specs, tasks, later, cache=cache)
+    assert later_backends["large"].batches == [] and later_backends["small"].batches == []
+    assert cache.hits == 3 and all(a.cached for t in again for a in t.agents)
+    assert [(t.answer, t.cost, t.tokens) for t in again] == [(t.answer, t.cost, t.tokens) for t in first]
+    other_seed = execute_specs(specs, tasks, later, cache=ExecutionCache.for_pool(later), seed=1)
+    assert later_backends["large"].batches == [1, 1] and other_seed[0].ok  # a different call really runs
+
+
+def test_a_torn_line_in_the_answer_files_is_skipped_not_fatal(tmp_path: Path) -> None:
+    pool, backends = make_pool()
+    pool.remember_answers(tmp_path)
+    execute_specs([cot("large")], ["task"], pool, cache=ExecutionCache.for_pool(pool))
+    [answers] = tmp_path.glob("*.jsonl")
+    line = answers.read_text()
+    answers.write_text(line + line[: len(line) // 2])  # a writer killed mid-line
+    assert len(ExecutionCache.for_pool(pool)) == 1
+    assert len(ExecutionCache()) == 0 and ExecutionCache.for_pool(make_pool()[0]).hits == 0  # off by default
+
+
+def test_requests_with_a_grammar_stay_in_memory(tmp_path: Path) -> None:
+    cache = ExecutionCache(tmp_path)
+    request = GenerationRequest((("user", "write a spec"),), grammar=object())
+    cache.put("large", request, Completion("spec", 5, 5))
+    assert cache.get("large", request) is not None and not list(tmp_path.glob("*.jsonl"))

@@ -129,26 +129,29 @@ def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "engines.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "engines.py"), "--quick", "--model", str(model), "--engines",
-         "transformers-t1", "vllm", "--vllm-python", str(tmp_path / "no-python"), "--json", str(out)],
+         "transformers", "transformers-dense", "vllm", "--vllm-python", str(tmp_path / "no-python"),
+         "--json", str(out)],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith("vllm: not installed, skipped") for line in lines)
     assert lines[-1].startswith("ratio=nan (no other engine ran")
-    rows = json.loads(out.read_text())["transformers-t1"]["rows"]
-    assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 32), (8, 8 * 32)]
-    assert all(r["tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)
-    assert json.loads(out.read_text())["transformers-t1"]["peak_rss_mib"] > 50
+    for engine in ("transformers", "transformers-dense"):  # packed (the default) and dense do the same work
+        rows = json.loads(out.read_text())[engine]["rows"]
+        assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 32), (8, 8 * 32)]
+        assert all(r["tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)
+        assert json.loads(out.read_text())[engine]["peak_rss_mib"] > 50
+    assert any(line.startswith("transformers-dense threads=default batch= 8") for line in lines)
 
 
 def test_ratio_is_the_default_engine_over_the_best_other(capsys: pytest.CaptureFixture[str]) -> None:
     def rows(*rates: float) -> dict:
         return {"rows": [{"batch": b, "tok_s": r} for b, r in zip((8, 32), rates, strict=True)]}
 
-    results = {"transformers-t1": rows(30.0, 36.0), "transformers-t2": rows(50.0, 90.0), "vllm": rows(50.0, 60.0),
+    results = {"transformers": rows(30.0, 36.0), "transformers-dense": rows(50.0, 90.0), "vllm": rows(50.0, 60.0),
                "llamacpp": rows(40.0, 45.0)}
     assert _engines().print_ratio(results, 32) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-2] == "best other engine at batch 32: vllm 60.00 tok/s"  # transformers-t2 is not another engine
+    assert out[-2] == "best other engine at batch 32: vllm 60.00 tok/s"  # lemon's other variants are not rivals
     assert out[-1] == "ratio=0.600"

@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from lemon_core import policy as policy_module
 from lemon_core.baselines import chain
-from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, pack, spec_completion
+from lemon_core.policy import (
+    OrchestratorPolicy,
+    orchestrator_messages,
+    pack,
+    shared_prefix_layout,
+    shared_prefix_length,
+    spec_completion,
+)
 from lemon_core.pool import load_pool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.spec import parse_spec
@@ -29,7 +37,7 @@ def test_prompt_lists_task_levels_prices_roles_and_a_parseable_example() -> None
     pool = load_pool("simulated")
     system, user = (m["content"] for m in orchestrator_messages("What is 2 + 3?", pool))
     assert "orchestrator" in system
-    assert "Task:\nWhat is 2 + 3?" in user
+    assert user.endswith("Task:\nWhat is 2 + 3?")  # last: all that comes before is shared by every task
     for lv in pool.levels:
         assert f"- {lv.name}: ${lv.price_in_per_1m:g} in / ${lv.price_out_per_1m:g} out" in user
     roles_line = next(line for line in user.splitlines() if line.startswith("Base roles"))
@@ -54,6 +62,44 @@ def test_pack_left_pads_prompts_and_right_pads_completions() -> None:
     assert start == 3
     assert ids.tolist() == [[1, 2, 3, 5, 0], [0, 0, 4, 6, 7]]
     assert mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+
+
+def test_prompts_of_different_tasks_share_all_but_the_task(policy: OrchestratorPolicy) -> None:
+    pool = load_pool("simulated")
+    full = OrchestratorPolicy(policy.model, policy.tokenizer)  # roles and format example included
+    a, b = full.prompt_ids("What is 2 + 3?", pool), full.prompt_ids("A train leaves at 9. When?", pool)
+    shared = shared_prefix_length([a, b])
+    tail = len(full.tokenizer("What is 2 + 3?", add_special_tokens=False)["input_ids"]) + 12  # task + chat end
+    assert len(a) - tail <= shared < len(a) and a[:shared] == b[:shared]
+    assert shared_prefix_length([a]) == 0 and shared_prefix_length([a, a]) == len(a) - 1  # one token of its own
+    assert shared_prefix_length([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # too short to be worth a pass
+
+
+def test_shared_prefix_layout_puts_the_padding_between_prefix_and_own_tokens() -> None:
+    ids, mask = shared_prefix_layout([[1, 2, 3, 4], [1, 2, 5]], prefix_len=2, pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 4], [1, 2, 0, 5]]
+    assert mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 1]]
+    plain, plain_mask = shared_prefix_layout([[1, 2, 3, 4], [1, 2, 5]], prefix_len=0, pad_id=0)
+    assert plain.tolist() == [[1, 2, 3, 4], [0, 1, 2, 5]] and plain_mask.tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+
+
+def test_sampling_over_a_shared_prefix_writes_what_full_prompts_write(
+    policy: OrchestratorPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefix is run once and its cache copied to every row; the samples must not change."""
+    pool = load_pool("simulated")
+    prompts = [policy.prompt_ids(q, pool) for q in ("What is 2 + 3?", "Add 4 and 9, then double it.", "Hi")]
+    assert shared_prefix_length(prompts) >= policy_module.MIN_SHARED_PREFIX
+    runs = {}
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(policy_module, "shared_prefix_length", lambda _prompts: 0)
+        runs[shared] = [
+            [s.completion_ids for g in policy.sample(prompts, 2, max_new_tokens=10, temperature=t, seed=5,
+                                                     with_logprobs=False) for s in g]
+            for t in (0.0, 1.0)
+        ]
+    assert runs[True] == runs[False]
 
 
 def test_sampling_is_seeded_and_old_logprobs_match_a_fresh_forward_pass(policy: OrchestratorPolicy) -> None:

@@ -44,6 +44,8 @@ def test_untrained_orchestrator_writes_valid_specs_under_the_grammar(tiny_backen
             spec = outcome.parsed.spec
             assert len(spec.agents) <= 3 and spec.output == spec.agents[-1].id  # the job's budget, a sink output
     assert any(o.parsed is not None for o in constrained)
+    alone = [_orchestrator(tiny_backend, grammar=True).write_specs([job])[0] for job in jobs]
+    assert [o.text for o in alone] == [o.text for o in constrained]  # rows that end first leave the batch
 
 
 def test_http_orchestrator_sends_the_grammar_as_structured_outputs() -> None:

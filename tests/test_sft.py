@@ -107,12 +107,13 @@ def test_a_budget_below_the_targets_95th_percentile_is_refused(policy: Orchestra
 def test_the_valid_spec_check_logs_a_line_per_sampled_chunk(
     policy: OrchestratorPolicy, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """32 samples of an untrained CPU policy take minutes: the check reports every chunk of ~16 samples."""
-    from lemon_core.sft import valid_spec_rate
+    """64 samples of an untrained CPU policy take minutes: the check reports every batch of 32 samples."""
+    from lemon_core.sft import VALID_CHECK_BATCH, valid_spec_rate
 
-    rate = valid_spec_rate(policy, [f"What is {i} + 1?" for i in range(8)], POOL, samples=4, max_new_tokens=6,
+    rate = valid_spec_rate(policy, [f"What is {i} + 1?" for i in range(16)], POOL, samples=4, max_new_tokens=6,
                            progress=True, desc="valid-spec check before SFT")
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("valid-spec check before SFT")]
-    assert [ln.split(",")[0] for ln in lines[:2]] == ["valid-spec check before SFT sample 16/32 (50%)",
-                                                     "valid-spec check before SFT sample 32/32 (100%)"]
+    assert VALID_CHECK_BATCH == 32
+    assert [ln.split(",")[0] for ln in lines[:2]] == ["valid-spec check before SFT sample 32/64 (50%)",
+                                                     "valid-spec check before SFT sample 64/64 (100%)"]
     assert 0.0 <= rate <= 1.0 and "valid=" in lines[1] and lines[-1].startswith("valid-spec check before SFT done")

@@ -62,3 +62,21 @@ def test_a_retrain_on_the_same_cache_never_loads_the_previous_checkpoint(
     # even an object rewritten at the *same* URI (the old layout) is never served stale from the cache
     same = checkpoint("week-1", b"retrained weights")
     assert (local_dir(same) / "model.safetensors").read_bytes() == b"retrained weights"
+
+
+def test_stages_share_agent_answers_only_within_one_run_on_local_disk(tmp_path: Path) -> None:
+    from lemon_core.pool import load_pool
+    from lemon_core.stages import remember_answers
+
+    cfg = load_config("local-tiny").model_copy(update={"artifacts": str(tmp_path)})
+    first, _ = stage_prepare(cfg, run_id="run-a")
+    pool = load_pool("simulated")
+    remember_answers(cfg, pool, first)
+    assert pool.answer_cache_dir == tmp_path / "run-a" / "node-cache" / pool.identity()
+    capped = load_pool("simulated")
+    capped.levels = [lv.model_copy(update={"max_tokens": 7}) for lv in capped.levels]
+    assert capped.identity() != pool.identity()  # other caps, other answers: never mixed
+    off, on_s3 = load_pool("simulated"), load_pool("simulated")
+    remember_answers(cfg.model_copy(update={"node_cache": False}), off, first)
+    remember_answers(cfg, on_s3, "s3://bucket/runs/run-b/tasks/manifest.json")  # pods share no folder
+    assert off.answer_cache_dir is None and on_s3.answer_cache_dir is None

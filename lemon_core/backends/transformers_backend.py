@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,6 +38,7 @@ class TransformersBackend:
         seed: int = 0,
         max_batch_size: int = 16,
         num_threads: int | None = None,
+        packed_weights: bool | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -60,6 +62,15 @@ class TransformersBackend:
         except (OSError, ValueError) as e:
             raise BackendError(f"cannot load model {model!r} (resolved to {self.model_path!r}): {e}") from e
         self.model.to(device).eval()
+        # None: pack where it helps (fp32 on CPU); see packed_linear.py for the measured speed-up.
+        if packed_weights is None:
+            packed_weights = packing_available(torch.device(device), _DTYPES[dtype])
+        elif packed_weights and not packing_available(torch.device(device), _DTYPES[dtype]):
+            raise BackendError(
+                f"packed_weights=true needs an fp32 model on a CPU with oneDNN (got device={device!r}, "
+                f"dtype={dtype!r}); drop the option or set it to false"
+            )
+        self.packed_linear_layers = pack_linear_layers(self.model) if packed_weights else 0
         if not getattr(self.tokenizer, "chat_template", None):
             raise BackendError(
                 f"model {model!r} has no chat template; give its tokenizer one (tokenizer.chat_template)"
@@ -118,13 +129,12 @@ class TransformersBackend:
             attention[row, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         generators = [_generator(r.seed if r.seed is not None else self.seed) for r in requests]
-        max_new = max(r.max_tokens for r in requests)
         new_tokens: list[list[int]] = [[] for _ in requests]
-        done = [r.max_tokens <= 0 for r in requests]
         grammar, seq = self._grammar_processor(requests), input_ids
+        in_batch = list(range(n))  # the request of each row of the running batch (and of the KV cache)
 
         cache, step_ids = None, input_ids
-        for _ in range(max_new):
+        for _ in range(max(r.max_tokens for r in requests)):
             positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
             res = self.model(
                 input_ids=step_ids, attention_mask=attention, position_ids=positions,
@@ -135,25 +145,33 @@ class TransformersBackend:
             logits = res.logits[:, -1, :].float()
             if grammar is not None:  # masks what the row's spec grammar forbids next
                 logits = grammar(seq, logits)
-            next_ids = [
-                self.pad_id if done[row] else _pick(logits[row], requests[row], generators[row])
-                for row in range(n)
-            ]
-            for row, tok in enumerate(next_ids):
-                if done[row]:
+            going = []  # batch rows that write another token
+            for i, row in enumerate(in_batch):
+                if requests[row].max_tokens <= 0:
                     continue
+                tok = _pick(logits[i], requests[row], generators[row])
                 if tok in self.eos_ids:
-                    done[row] = True
-                else:
-                    new_tokens[row].append(tok)
-                    done[row] = len(new_tokens[row]) >= requests[row].max_tokens
-                    if done[row] and grammar is not None:  # cut at max_tokens: the grammar stops following it
-                        grammar.finished[row] = True
-            if all(done):
+                    continue
+                new_tokens[row].append(tok)
+                if len(new_tokens[row]) < requests[row].max_tokens:
+                    going.append(i)
+            if not going:
                 break
-            step_ids = torch.tensor(next_ids, dtype=torch.long, device=self.device).unsqueeze(1)
+            if len(going) < len(in_batch):
+                # Finished rows leave the batch: a step costs per row, and one batch's answers differ in
+                # length (a batch of CoT answers would otherwise run to its longest at full width).
+                keep = torch.tensor(going, dtype=torch.long)
+                cache.batch_select_indices(keep.to(self.device))
+                attention, seq = attention[keep.to(self.device)], seq[keep]
+                if grammar is not None:
+                    grammar.keep_rows(going)
+                in_batch = [in_batch[i] for i in going]
+            step_ids = torch.tensor([new_tokens[row][-1] for row in in_batch], dtype=torch.long,
+                                    device=self.device).unsqueeze(1)
             seq = torch.cat([seq, step_ids.cpu()], 1)
-            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], 1)
+            attention = torch.cat(
+                [attention, torch.ones((len(in_batch), 1), dtype=torch.long, device=self.device)], 1
+            )
 
         latency = (time.perf_counter() - t0) / n  # rows share one pass; charge each an equal share
         return [
