@@ -150,7 +150,7 @@ def test_openai_sdk_sees_429_with_retry_after(tmp_path: Path) -> None:
 
 def _task_texts(app: Any) -> list[str]:
     calls = app.state.service.orchestrator.backend.calls
-    return [req.messages[-1][1].split("\n")[1] for batch in calls for req in batch]
+    return [req.messages[-1][1].split("Task:\n", 1)[1].split("\n")[0] for batch in calls for req in batch]
 
 
 def test_a_client_that_gives_up_frees_its_slot_and_is_not_run(tmp_path: Path) -> None:
