@@ -185,9 +185,9 @@ class ExecutionCache:
 
 
 def _request_row(request: GenerationRequest) -> dict[str, object]:
-    """The JSON form of a grammar-free request (what ``ExecutionCache._load`` reads back)."""
-    return {"messages": [list(m) for m in request.messages], "max_tokens": request.max_tokens,
-            "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
+    """The JSON form of a grammar-free request (what ``ExecutionCache._load`` reads back): every field of
+    the dataclass, so a field added to ``GenerationRequest`` is part of the persisted key too."""
+    return {k: v for k, v in asdict(request).items() if k != "grammar"}
 
 
 def agent_seed(seed: int, agent_id: str) -> int:

@@ -127,8 +127,8 @@ def shared_prefix_layout(prompts: Sequence[Sequence[int]], prefix_len: int, pad_
     row attends to exactly its own prompt. With ``prefix_len=0`` this is plain left padding (``pack``).
     """
     rests = [list(p[prefix_len:]) for p in prompts]
-    ids, mask, _ = pack(rests, [[] for _ in rests], pad_id)
-    ids, mask = ids[:, : max(len(r) for r in rests)], mask[:, : max(len(r) for r in rests)]
+    ids, mask, width = pack(rests, [[] for _ in rests], pad_id)
+    ids, mask = ids[:, :width], mask[:, :width]  # pack leaves one completion column; there is none here
     if prefix_len == 0:
         return ids, mask
     prefix = torch.tensor(list(prompts[0][:prefix_len]), dtype=torch.long).expand(len(prompts), -1)
