@@ -20,7 +20,7 @@ the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/lear
 ``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>``.
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    OMP_NUM_THREADS=1 python bench/learning.py            # ~60 min on 2 cores (train 32, test 60, 4 steps)
+    OMP_NUM_THREADS=1 python bench/learning.py            # ~90 min on 2 cores (train 32, sweep 16, test 60, 4 steps)
     OMP_NUM_THREADS=1 python bench/learning.py --quick    # ~10 min (train 8, test 16, 1 step)
 """
 
@@ -88,16 +88,26 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=60, help="held-out test examples (the same for every method)")
     ap.add_argument("--iterations", type=int, default=4, help="GRPO steps of lemon and grpo-only")
     ap.add_argument("--teacher", default="sweep", choices=["sweep", "templated"], help="SFT teacher")
+    ap.add_argument("--sweep-tasks", type=int, default=16,
+                    help="training tasks the teacher sweep executes (every candidate spec of each on the pool)")
+    ap.add_argument("--sweep-topologies", default="cot,chain",
+                    help="candidate topologies of the sweep, each at every level (and chain with a cheap first agent)")
+    ap.add_argument("--teach-top", type=int, default=2,
+                    help="SFT targets per task: the sweep's best N candidates (1 collapses SFT onto one spec, so "
+                    "every GRPO group is 4 copies of it and has no advantage to learn from)")
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
     ap.add_argument("--agent-max-tokens", type=int, default=None,
                     help="cap every level's answer length (default: the pool's own; a cap that cuts answers "
                     "before their final line scores them 0, see truncated= in the table)")
     args = ap.parse_args()
     if args.quick:
-        args.train, args.test, args.iterations = 8, 16, 1
+        args.train, args.test, args.iterations, args.sweep_tasks = 8, 16, 1, 8
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False, sft={"teacher": args.teacher})
+    sweep = {"topologies": args.sweep_topologies.split(","), "max_tasks": args.sweep_tasks,
+             "teach_top": args.teach_top}
+    cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False,
+                                sft={"teacher": args.teacher, "sweep": sweep})
     cfg = cfg.model_copy(update={"agent_max_tokens": args.agent_max_tokens})
     train, test = split_tasks(args.train, args.test)
     pool = load_train_pool(cfg)
@@ -110,18 +120,21 @@ def main() -> None:
     def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float) -> None:
         r = row(summary, records, levels, time.perf_counter() - t0)
         rows.append(r)
+        # written after every method: a run stopped part-way keeps what it measured
+        (out / "learning.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))
         print(f"{method:>10}  accuracy={r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] "
               f"n={r['n']}  valid={r['valid_rate']:.2f}  $/ex={r['mean_cost_usd']:.2e}  "
               f"tokens/ex={r['mean_tokens']:.0f}  truncated={r['truncated_answers']}  "
               f"mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
               f"({r['method_wall_s']:.0f} s)", flush=True)
 
-    baselines = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
-                 "sc3@large": self_consistency(levels[-1], 3)}
-    for name, spec in baselines.items():
+    def baseline(name: str, spec: Any) -> None:
         t0 = time.perf_counter()
         summary, records = evaluate(bench, test, spec, pool, method=name, progress=False, cache=cache)
         record(name, summary, records, t0)
+
+    baseline("cot@small", cot(levels[0]))
+    baseline("cot@large", cot(levels[-1]))
 
     t0 = time.perf_counter()
     policy = load_policy(cfg, cfg.model)
@@ -146,6 +159,7 @@ def main() -> None:
                                                  progress=False, cache=cache)
         record(name, summary, records, t0)
         close_state(state)
+    baseline("sc3@large", self_consistency(levels[-1], 3))  # last: three times CoT@large's generation
 
     by = {r["method"]: r for r in rows}
     (out / "learning.json").write_text(json.dumps({"args": vars(args), "sft": sft.model_dump(), "rows": rows},
