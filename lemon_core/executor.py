@@ -211,8 +211,16 @@ def build_request(
     level = pool.level(agent.capacity)
     return GenerationRequest.chat(
         system, user, max_tokens=level.max_tokens, temperature=level.temperature,
-        top_p=level.top_p, seed=agent_seed(seed, agent.id),
+        top_p=level.top_p, seed=agent_seed(seed, agent.id) if uses_seed(pool, agent.capacity) else None,
     )
+
+
+def uses_seed(pool: CapacityPool, capacity: str) -> bool:
+    """Whether a call at ``capacity`` depends on its seed. A greedy call (temperature 0) to a language
+    model does not: it carries no seed, so the same agent call made by the teacher sweep, a rollout and an
+    evaluation (each with its own seed) is one cache entry and runs once per run. The simulated pool draws
+    even greedy answers from the seed (``CapacityPool.greedy_uses_seed``)."""
+    return pool.level(capacity).temperature > 0 or pool.greedy_uses_seed(capacity)
 
 
 def execute_specs(

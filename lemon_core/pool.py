@@ -129,6 +129,15 @@ class CapacityPool(BaseModel):
             self._backends[key] = make_backend(lv)
         return self._backends[key]
 
+    def greedy_uses_seed(self, name: str) -> bool:
+        """Whether a greedy (temperature 0) call at level ``name`` depends on its seed. A language model's
+        greedy answer does not; the simulated pool draws every answer from a seed. A backend given with
+        ``set_backend`` says so with its ``greedy_uses_seed`` attribute (unknown: assume it does). Decided
+        without creating the backend, so a call served from the cache loads no model."""
+        if name in self._overrides:
+            return bool(getattr(self._overrides[name], "greedy_uses_seed", True))
+        return self.level(name).backend == "simulated"
+
     def close(self) -> None:
         for b in list(self._backends.values()) + list(self._overrides.values()):
             b.close()

@@ -5,11 +5,12 @@ For one batch of tasks (``collect_rollouts``):
 1. The policy samples G completions per task (one prompt template, ``policy.orchestrator_messages``).
 2. Each completion is parsed with ``parse_spec(text, pool)``; field spans are kept. A completion that
    does not parse/validate is *invalid* and gets ``RewardConfig.invalid_penalty``, nothing else.
-3. All valid specs of all tasks are executed together (``execute_specs`` batches every DAG level of
-   every spec per capacity) and scored with each task's benchmark; ``compute_reward`` gives the terms.
-4. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` and all of them are
-   re-executed together with the SAME ``ExecutionCache``: only the edited agent and its descendants
-   really run, everything upstream is reused - which is what makes r_edit a counterfactual.
+3. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` (an edit needs only the spec).
+4. All valid specs of all tasks and all their edits are executed together (``execute_specs`` batches
+   every DAG level of every spec per capacity, and sends a call shared by several specs once) and scored
+   with each task's benchmark; ``compute_reward`` gives the terms. An edit shares every call upstream of
+   its edited agent with its original - only the edited agent and its descendants really run, which is
+   what makes r_edit a counterfactual.
    Delta = r - r_edit feeds the sampler and, later, the loss (on the edited span's tokens only).
 
 Record format (one JSON object per line of a shard, the fields of ``RolloutRecord``)::
@@ -43,7 +44,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from lemon_core.counterfactual import EditFamily, EditFamilySampler, counterfactual_edits
+from lemon_core.counterfactual import CounterfactualEdit, EditFamily, EditFamilySampler, counterfactual_edits
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
@@ -169,7 +170,7 @@ class RolloutStats(BaseModel):
     agent_calls: int = 0
     edit_agent_calls: int = 0
     edit_full_calls: int = 0  # what the edits would cost re-executed from scratch (no cache)
-    cache_hits: int = 0
+    cache_hits: int = 0  # calls served without running: from the cache, or shared with another spec of the batch
 
 
 def benchmark_scorer(answer: str, example: Any) -> float:
@@ -258,20 +259,23 @@ def collect_rollouts(
     """Sample, execute, score and counterfactually probe G specs for each example (module docstring)."""
     from lemon_core.progress import progress as progress_of
 
-    bar = progress_of(3, f"rollout step {step}", unit="phase", mode=None if progress else "off")
+    bar = progress_of(2, f"rollout step {step}", unit="phase", mode=None if progress else "off")
     records, parsed, owners = sample_records(policy, examples, pool, cfg, reward_cfg, step=step, seed=seed)
     bar.update(sampled=len(records), valid=sum(r.valid for r in records) / max(len(records), 1))
     stats = RolloutStats()
     cache = ExecutionCache.for_pool(pool)
     valid = [i for i, p in enumerate(parsed) if p is not None]
+    edits = choose_edits(parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
+    # The sampled specs and their edits run as one batch (an edit needs only its spec, not its trace).
+    # Originals come first, so a call an edit shares with its original runs once and counts for the original.
     traces = execute_specs(
-        [parsed[i].spec for i in valid],
-        [owners[i] for i in valid],
-        pool,  # type: ignore[union-attr]
+        [parsed[i].spec for i in valid] + [e.spec for _, e in edits],  # type: ignore[union-attr]
+        [owners[i] for i in valid] + [owners[i] for i, _ in edits],
+        pool,
         cache=cache,
         seed=seed,
     )
-    for i, trace in zip(valid, traces, strict=True):
+    for i, trace in zip(valid, traces[: len(valid)], strict=True):
         rec = records[i]
         rec.score = _score(trace, owners[i], scorer)
         rec.reward = compute_reward(rec.score, trace, reward_cfg)
@@ -282,46 +286,7 @@ def collect_rollouts(
             trace.answer,
         )
         stats.agent_calls += trace.agent_calls
-
-    bar.update(executed=len(valid), agent_calls=stats.agent_calls)
-    if cfg.edits_per_spec > 0 and valid:
-        _probe_counterfactuals(
-            records, parsed, owners, valid, pool, cfg, reward_cfg, sampler, cache, seed, scorer, stats
-        )
-    bar.update(edits=sum(len(r.edits) for r in records), edit_agent_calls=stats.edit_agent_calls)
-    bar.close()
-    stats.cache_hits = cache.hits
-    return records, stats
-
-
-def _probe_counterfactuals(
-    records: list[RolloutRecord],
-    parsed: list[ParsedSpec | None],
-    owners: list[Any],
-    valid: list[int],
-    pool: CapacityPool,
-    cfg: RolloutConfig,
-    reward_cfg: RewardConfig,
-    sampler: EditFamilySampler,
-    cache: ExecutionCache,
-    seed: int,
-    scorer: Scorer,
-    stats: RolloutStats,
-) -> None:
-    """Choose K edits per valid spec, re-execute them all at once with the shared cache, fill Delta."""
-    rng = random.Random(seed)
-    jobs = []
-    for i in valid:
-        p = parsed[i]
-        assert p is not None
-        for edit in sampler.sample(counterfactual_edits(p, pool, sampler.families), cfg.edits_per_spec, rng):
-            jobs.append((i, edit))
-    if not jobs:
-        return
-    traces = execute_specs(
-        [e.spec for _, e in jobs], [owners[i] for i, _ in jobs], pool, cache=cache, seed=seed
-    )
-    for (i, edit), trace in zip(jobs, traces, strict=True):
+    for (i, edit), trace in zip(edits, traces[len(valid) :], strict=True):
         r_edit = compute_reward(_score(trace, owners[i], scorer), trace, reward_cfg).total
         delta = records[i].reward.total - r_edit
         sampler.update(edit.family, delta)
@@ -337,6 +302,30 @@ def _probe_counterfactuals(
         )
         stats.edit_agent_calls += trace.agent_calls
         stats.edit_full_calls += len(edit.spec.agents)
+    bar.update(executed=len(valid), agent_calls=stats.agent_calls, edits=len(edits),
+               edit_agent_calls=stats.edit_agent_calls)
+    bar.close()
+    stats.cache_hits = sum(a.cached for t in traces for a in t.agents)
+    return records, stats
+
+
+def choose_edits(
+    parsed: list[ParsedSpec | None],
+    valid: list[int],
+    pool: CapacityPool,
+    cfg: RolloutConfig,
+    sampler: EditFamilySampler,
+    seed: int,
+) -> list[tuple[int, CounterfactualEdit]]:
+    """K counterfactual edits per valid spec, as (index of its record, edit): one field changed each."""
+    rng = random.Random(seed)
+    jobs: list[tuple[int, CounterfactualEdit]] = []
+    for i in valid:
+        p = parsed[i]
+        assert p is not None
+        for edit in sampler.sample(counterfactual_edits(p, pool, sampler.families), cfg.edits_per_spec, rng):
+            jobs.append((i, edit))
+    return jobs
 
 
 def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> dict[str, Any]:

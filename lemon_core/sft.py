@@ -96,6 +96,10 @@ class SFTConfig(BaseModel):
     teacher_jsonl: str | None = Field(None, description="extra teacher specs, JSONL {question, spec}")
     eval_tasks: int = Field(4, ge=0, description="tasks whose samples measure the valid-spec rate")
     eval_samples: int = Field(2, ge=1, description="samples per task for the valid-spec rate")
+    check_before: bool = Field(
+        True, description="also measure the valid-spec rate before SFT (the base model's, to compare with the rate "
+        "after); it samples as much as a check after, on CPU mostly cut-off gibberish at the full budget",
+    )
     teacher: Literal["templated", "sweep"] = Field(
         "templated",
         description="templated: random valid specs (teaches the format only); sweep: per training task the "
@@ -322,7 +326,8 @@ def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_t
     """SFT warm-up of ``policy`` in place on teacher specs for ``train_tasks``; the valid-spec rate is measured
     on held-out questions before and after (after every round when ``sft.target_valid_rate`` is set)."""
     questions = list(held_out_questions[: cfg.sft.eval_tasks])
-    before = sft_valid_rate(policy, questions, pool, cfg, progress, "before SFT") if questions else None
+    check_before = questions and cfg.sft.check_before
+    before = sft_valid_rate(policy, questions, pool, cfg, progress, "before SFT") if check_before else None
     pairs, sweep = teacher_pairs(policy, cfg, pool, train_tasks, scorer, progress) if cfg.sft.enabled else ([], None)
     if cfg.sft.enabled and not pairs:
         raise ConfigError("sft: no (question, spec) pairs to learn from; set sft.pairs_per_task >= 1, "

@@ -179,3 +179,42 @@ def test_requests_with_a_grammar_stay_in_memory(tmp_path: Path) -> None:
     request = GenerationRequest((("user", "write a spec"),), grammar=object())
     cache.put("large", request, Completion("spec", 5, 5))
     assert cache.get("large", request) is not None and not list(tmp_path.glob("*.jsonl"))
+
+
+class GreedyModelBackend(RecordingBackend):
+    """A language model double: its greedy answer does not depend on the seed."""
+
+    greedy_uses_seed = False
+
+
+def test_greedy_model_calls_carry_no_seed_so_every_stage_shares_them() -> None:
+    """The teacher sweep, the rollouts and the evaluation execute with different seeds; a greedy call to a
+    language model gives the same answer for every seed, so it carries none and runs once per run. A sampled
+    level and the simulated pool (whose draws depend on the seed) keep the seed: there another seed is
+    another call."""
+    pool = CapacityPool(levels=[
+        CapacityLevel(name="small", backend="transformers", model="x", price_in_per_1m=1.0, price_out_per_1m=2.0),
+        CapacityLevel(name="large", backend="transformers", model="y", price_in_per_1m=10.0, price_out_per_1m=20.0,
+                      temperature=0.7),
+    ])
+    assert not pool.greedy_uses_seed("small")  # decided from the level: no model is loaded to ask
+    small, large = GreedyModelBackend("small"), GreedyModelBackend("large")
+    pool.set_backend("small", small)
+    pool.set_backend("large", large)
+    cache = ExecutionCache()
+    first = execute_specs([cot("small"), cot("large")], ["task", "task"], pool, cache=cache, seed=0)
+    again = execute_specs([cot("small"), cot("large")], ["task", "task"], pool, cache=cache, seed=7)
+    assert small.batches == [1] and large.batches == [1, 1]  # the greedy call ran once; the sampled one twice
+    assert again[0].agents[0].cached and not again[1].agents[0].cached
+    assert first[0].answer == again[0].answer
+
+    simulated, backends = make_pool()  # greedy, but every simulated answer is a seeded draw
+    assert simulated.greedy_uses_seed("large")
+    sim_cache = ExecutionCache()
+    execute_specs([cot("large")], ["task"], simulated, cache=sim_cache, seed=0)
+    execute_specs([cot("large")], ["task"], simulated, cache=sim_cache, seed=7)
+    assert backends["large"].batches == [1, 1]
+    unknown = CapacityPool(levels=[CapacityLevel(name="small", backend="transformers", model="x",
+                                                 price_in_per_1m=1.0, price_out_per_1m=2.0)])
+    unknown.set_backend("small", RecordingBackend("small"))  # a backend that does not say: keep the seed
+    assert unknown.greedy_uses_seed("small")

@@ -161,3 +161,36 @@ def test_parse_completion_never_raises_on_gibberish() -> None:
     for text in ["\x11\x12 agents:", "", "```yaml\n- - -\n```", "agents: 3\noutput: a1"]:
         parsed, error = parse_completion(text, POOL)
         assert parsed is None and error
+
+
+class CountingBackend:
+    """Wraps a simulated level and counts the batches it is sent."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.batches = inner, []
+        self.greedy_uses_seed = True
+
+    def generate(self, requests: Sequence[object]) -> list[object]:
+        self.batches.append(len(requests))
+        return self.inner.generate(requests)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        pass
+
+
+def test_sampled_specs_and_their_edits_run_as_one_batch_per_dag_level() -> None:
+    """An edit needs only its spec, so originals and edits execute together: the `large` level gets one
+    batch per DAG level of the chain (3), not one per level for the originals and again for the edits."""
+    pool = load_pool("simulated")
+    counting = {n: CountingBackend(pool.backend(n)) for n in pool.level_names}
+    for n, b in counting.items():
+        pool.set_backend(n, b)
+    records, stats = collect_rollouts(
+        ScriptedPolicy([spec_completion(chain("large", length=3))]), TASKS, pool,
+        RolloutConfig(group_size=2, edits_per_spec=2), RewardConfig(lambda_cost=1.0), EditFamilySampler(),
+        step=1, seed=0, scorer=_score,
+    )
+    assert all(len(r.edits) == 2 for r in records)
+    assert len(counting["large"].batches) == 3
+    assert stats.agent_calls == 2 * 3  # one chain per task really ran; the group's copies were shared
+    assert stats.cache_hits >= 2 * 3  # the second sample of each group: every call shared, so counted as reused

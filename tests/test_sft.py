@@ -117,3 +117,26 @@ def test_the_valid_spec_check_logs_a_line_per_sampled_chunk(
     assert [ln.split(",")[0] for ln in lines[:2]] == ["valid-spec check before SFT sample 32/64 (50%)",
                                                      "valid-spec check before SFT sample 64/64 (100%)"]
     assert 0.0 <= rate <= 1.0 and "valid=" in lines[1] and lines[-1].startswith("valid-spec check before SFT done")
+
+
+@pytest.mark.parametrize("check_before", [True, False])
+def test_the_check_before_sft_can_be_skipped(
+    policy: OrchestratorPolicy, check_before: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sft.check_before: false` skips sampling the base model (1 min 44 s of the README's CPU run): the report
+    says `valid_rate_before: None` and no 'before' check runs; the check after SFT still does."""
+    from lemon_core.benchmarks import Example
+    from lemon_core.config import TrainConfig
+    from lemon_core.sft import sft_warmup
+
+    cfg = TrainConfig.from_yaml("train-tiny", model="unused", rollout={"max_new_tokens": 8},
+                                sft={"steps": 1, "batch_size": 1, "eval_tasks": 1, "check_before": check_before})
+    tasks = [Example(id="t/0", benchmark="multiarith", question="What is 1 + 1?", answer="2",
+                     answer_format="Answer with a number.")]
+    state = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    report = sft_warmup(policy, cfg, POOL, tasks, ["What is 2 + 2?"], progress=True)
+    policy.model.load_state_dict(state)  # the module's policy stays untrained for the other tests
+    err = capsys.readouterr().err
+    assert ("valid-spec check before SFT" in err) is check_before
+    assert (report.valid_rate_before is not None) is check_before
+    assert report.valid_rate_after is not None and "valid-spec check after SFT round 1" in err

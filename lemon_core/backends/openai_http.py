@@ -37,6 +37,8 @@ RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 class OpenAIBackend:
     """Chat completions over HTTP. ``base_url`` includes the API prefix, e.g. ``http://vllm:8000/v1``."""
 
+    greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
+
     def __init__(
         self,
         base_url: str,

@@ -67,6 +67,9 @@ def _wrong_answer(gold: str) -> str:
 class SimulatedBackend:
     """One capacity level of the simulated pool (see the module docstring)."""
 
+    # every call is a seeded draw, greedy or not: the seed stays in the request (and in its cache key)
+    greedy_uses_seed = True
+
     def __init__(
         self, level: str, accuracy: Mapping[str, float], completion_tokens: int = 64,
         parent_boost: float = 0.3, duty_bonus: float = 0.05, seed: int = 0, default_accuracy: float = 0.5,

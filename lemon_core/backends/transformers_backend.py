@@ -30,6 +30,8 @@ class TransformersBackend:
     ``self.model`` and ``self.tokenizer`` stay public so a policy/trainer can reuse the loaded weights.
     """
 
+    greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
+
     def __init__(
         self,
         model: str,

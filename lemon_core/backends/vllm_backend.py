@@ -32,6 +32,8 @@ class VLLMBackend:
     """``model``: local path, `lemon models` alias or HF id. Extra kwargs go to ``vllm.LLM`` as engine args
     (e.g. ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager``)."""
 
+    greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
+
     def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **engine_kwargs: Any) -> None:
         from lemon_core.models import ModelError, resolve_model
 
