@@ -45,7 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemon_core.counterfactual import CounterfactualEdit, EditFamily, EditFamilySampler, counterfactual_edits
-from lemon_core.executor import ExecutionCache, Trace, execute_specs
+from lemon_core.executor import AgentTrace, ExecutionCache, Trace, execute_specs, uses_seed
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
@@ -266,8 +266,8 @@ def collect_rollouts(
     cache = ExecutionCache.for_pool(pool)
     valid = [i for i, p in enumerate(parsed) if p is not None]
     edits = choose_edits(parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
-    # The sampled specs and their edits run as one batch (an edit needs only its spec, not its trace).
-    # Originals come first, so a call an edit shares with its original runs once and counts for the original.
+    # The sampled specs and their edits run as one batch (an edit needs only its spec, not its trace); a
+    # call an edit shares with its original runs once and is counted for the original.
     traces = execute_specs(
         [parsed[i].spec for i in valid] + [e.spec for _, e in edits],  # type: ignore[union-attr]
         [owners[i] for i in valid] + [owners[i] for i, _ in edits],
@@ -275,6 +275,7 @@ def collect_rollouts(
         cache=cache,
         seed=seed,
     )
+    credit_shared_calls_to_originals(traces, len(valid), pool)
     for i, trace in zip(valid, traces[: len(valid)], strict=True):
         rec = records[i]
         rec.score = _score(trace, owners[i], scorer)
@@ -307,6 +308,29 @@ def collect_rollouts(
     bar.close()
     stats.cache_hits = sum(a.cached for t in traces for a in t.agents)
     return records, stats
+
+
+def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int, pool: CapacityPool) -> None:
+    """Count each call shared by an original spec and an edit as the original's (``agent_calls``).
+
+    In one batch the first spec to need a call runs it and the others get it ``cached``. Originals come
+    first, but an edit that drops a dependency moves its agent's descendants to an earlier DAG level, so
+    the edit can run a call its original needs later. Such a call is moved to the original here: the
+    original is what the rollout really executes, an edit is only its counterfactual. Costs and rewards
+    do not change (a cached call is charged its price); ``agent_calls``, ``edit_agent_calls`` and latency do.
+    """
+
+    def key(a: AgentTrace) -> tuple[object, ...]:
+        # a seeded level's request also differs by agent (its seed): then the agent is part of the call
+        seeded = uses_seed(pool, a.capacity)
+        return (a.capacity, a.system, a.prompt, a.agent_id if seeded else None)
+
+    ran_by_edit = {key(a): a for t in traces[n_originals:] for a in t.agents if not a.cached and a.error is None}
+    for trace in traces[:n_originals]:
+        for a in trace.agents:
+            runner = ran_by_edit.pop(key(a), None) if a.cached else None
+            if runner is not None:
+                a.cached, a.latency_s, runner.cached, runner.latency_s = False, runner.latency_s, True, 0.0
 
 
 def choose_edits(

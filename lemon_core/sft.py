@@ -326,7 +326,8 @@ def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_t
     """SFT warm-up of ``policy`` in place on teacher specs for ``train_tasks``; the valid-spec rate is measured
     on held-out questions before and after (after every round when ``sft.target_valid_rate`` is set)."""
     questions = list(held_out_questions[: cfg.sft.eval_tasks])
-    check_before = questions and cfg.sft.check_before
+    # without SFT the rate "before" is the only one measured, so it is measured whatever check_before says
+    check_before = questions and (cfg.sft.check_before or not cfg.sft.enabled)
     before = sft_valid_rate(policy, questions, pool, cfg, progress, "before SFT") if check_before else None
     pairs, sweep = teacher_pairs(policy, cfg, pool, train_tasks, scorer, progress) if cfg.sft.enabled else ([], None)
     if cfg.sft.enabled and not pairs:

@@ -194,3 +194,38 @@ def test_sampled_specs_and_their_edits_run_as_one_batch_per_dag_level() -> None:
     assert len(counting["large"].batches) == 3
     assert stats.agent_calls == 2 * 3  # one chain per task really ran; the group's copies were shared
     assert stats.cache_hits >= 2 * 3  # the second sample of each group: every call shared, so counted as reused
+
+
+class ConstantBackend:
+    """Every call answers the same: an edit's early call is then the very call its original makes later."""
+
+    greedy_uses_seed = False
+
+    def generate(self, requests: Sequence[object]) -> list[object]:
+        from lemon_core.backends.base import Completion
+
+        return [Completion("The answer is 42.", 10, 5, 0.5) for _ in requests]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_call_an_edit_runs_early_is_counted_for_its_original() -> None:
+    """Dropping a2's dependency moves a3 from DAG level 2 to level 1, so in one batch the edit runs the a3
+    call the original needs a level later. The call counts for the original (what the rollout executes)."""
+    from lemon_core.executor import ExecutionCache, execute_specs
+    from lemon_core.rollout import credit_shared_calls_to_originals
+    from lemon_core.spec import OrchestrationSpec
+
+    pool = load_pool("simulated")
+    for name in pool.level_names:
+        pool.set_backend(name, ConstantBackend())
+    original = chain("large", length=3)
+    edit = OrchestrationSpec(agents=[a.model_copy(update={"depends_on": []}) if a.id == "a2" else a
+                                     for a in original.agents], output=original.output)
+    traces = execute_specs([original, edit], [TASKS[0], TASKS[0]], pool, cache=ExecutionCache())
+    assert [a.cached for a in traces[0].agents] == [False, False, True]  # a3 ran in the edit, one level early
+    credit_shared_calls_to_originals(traces, 1, pool)
+    assert traces[0].agent_calls == 3 and traces[1].agent_calls == 1  # the edit really ran only its own a2
+    assert [a.agent_id for a in traces[1].agents if not a.cached] == ["a2"]
+    assert traces[0].agents[2].latency_s == 0.5 and traces[1].agents[-1].latency_s == 0.0
