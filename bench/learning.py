@@ -96,6 +96,9 @@ def main() -> None:
                     help="SFT targets per task: the sweep's best N candidates (1 collapses SFT onto one spec, so "
                     "every GRPO group is 4 copies of it and has no advantage to learn from)")
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large"],
+                    help="methods not to run: sc3@large costs three times CoT@large's generation (its row is "
+                    "then absent; the ratio line needs only lemon and cot@large)")
     ap.add_argument("--agent-max-tokens", type=int, default=None,
                     help="cap every level's answer length (default: the pool's own; a cap that cuts answers "
                     "before their final line scores them 0, see truncated= in the table)")
@@ -159,7 +162,8 @@ def main() -> None:
                                                  progress=False, cache=cache)
         record(name, summary, records, t0)
         close_state(state)
-    baseline("sc3@large", self_consistency(levels[-1], 3))  # last: three times CoT@large's generation
+    if "sc3@large" not in args.skip:
+        baseline("sc3@large", self_consistency(levels[-1], 3))  # last: three times CoT@large's generation
 
     by = {r["method"]: r for r in rows}
     (out / "learning.json").write_text(json.dumps({"args": vars(args), "sft": sft.model_dump(), "rows": rows},

@@ -64,6 +64,7 @@ class AgentTrace:
     latency_s: float = 0.0
     cached: bool = False
     error: str | None = None
+    call: str = ""  # the call's identity (``call_key``): two agents with equal ``call`` were one cache entry
 
 
 @dataclass
@@ -190,6 +191,13 @@ def _request_row(request: GenerationRequest) -> dict[str, object]:
     return {k: v for k, v in asdict(request).items() if k != "grammar"}
 
 
+def call_key(capacity: str, request: GenerationRequest) -> str:
+    """A short stable digest of (capacity, request): exactly the node cache's key, so traces can tell
+    which agents of different specs were served by one call without keeping the requests."""
+    row = json.dumps([capacity, _request_row(request), request.grammar is not None], sort_keys=True, default=str)
+    return hashlib.sha256(row.encode()).hexdigest()[:16]
+
+
 def agent_seed(seed: int, agent_id: str) -> int:
     """Sampling seed of one agent: stable across specs, so edited and original specs share it."""
     digest = hashlib.sha256(f"{seed}:{agent_id}".encode()).digest()
@@ -275,6 +283,7 @@ def execute_specs(
                     completion.completion_tokens,
                     pool.cost(capacity, completion.prompt_tokens, completion.completion_tokens),
                     0.0 if was_cached else completion.latency_s, was_cached, completion.error,
+                    call_key(capacity, request),
                 )
                 traces[i].agents.append(record)
                 if completion.ok:

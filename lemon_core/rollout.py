@@ -45,7 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from lemon_core.counterfactual import CounterfactualEdit, EditFamily, EditFamilySampler, counterfactual_edits
-from lemon_core.executor import AgentTrace, ExecutionCache, Trace, execute_specs, uses_seed
+from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
@@ -275,7 +275,7 @@ def collect_rollouts(
         cache=cache,
         seed=seed,
     )
-    credit_shared_calls_to_originals(traces, len(valid), pool)
+    credit_shared_calls_to_originals(traces, len(valid))
     for i, trace in zip(valid, traces[: len(valid)], strict=True):
         rec = records[i]
         rec.score = _score(trace, owners[i], scorer)
@@ -310,7 +310,7 @@ def collect_rollouts(
     return records, stats
 
 
-def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int, pool: CapacityPool) -> None:
+def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int) -> None:
     """Count each call shared by an original spec and an edit as the original's (``agent_calls``).
 
     In one batch the first spec to need a call runs it and the others get it ``cached``. Originals come
@@ -318,17 +318,13 @@ def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int, pool
     the edit can run a call its original needs later. Such a call is moved to the original here: the
     original is what the rollout really executes, an edit is only its counterfactual. Costs and rewards
     do not change (a cached call is charged its price); ``agent_calls``, ``edit_agent_calls`` and latency do.
+    Calls are matched by ``AgentTrace.call``, the node cache's own key.
     """
-
-    def key(a: AgentTrace) -> tuple[object, ...]:
-        # a seeded level's request also differs by agent (its seed): then the agent is part of the call
-        seeded = uses_seed(pool, a.capacity)
-        return (a.capacity, a.system, a.prompt, a.agent_id if seeded else None)
-
-    ran_by_edit = {key(a): a for t in traces[n_originals:] for a in t.agents if not a.cached and a.error is None}
+    ran_by_edit = {a.call: a for t in traces[n_originals:] for a in t.agents
+                   if a.call and not a.cached and a.error is None}
     for trace in traces[:n_originals]:
         for a in trace.agents:
-            runner = ran_by_edit.pop(key(a), None) if a.cached else None
+            runner = ran_by_edit.pop(a.call, None) if a.cached and a.call else None
             if runner is not None:
                 a.cached, a.latency_s, runner.cached, runner.latency_s = False, runner.latency_s, True, 0.0
 

@@ -218,3 +218,21 @@ def test_greedy_model_calls_carry_no_seed_so_every_stage_shares_them() -> None:
                                                  price_in_per_1m=1.0, price_out_per_1m=2.0)])
     unknown.set_backend("small", RecordingBackend("small"))  # a backend that does not say: keep the seed
     assert unknown.greedy_uses_seed("small")
+
+
+def test_call_key_names_one_cache_entry() -> None:
+    """``AgentTrace.call`` tells which agents of different specs one call served: equal exactly when the
+    node cache's key (capacity, whole request) is equal."""
+    from lemon_core.executor import call_key
+
+    base = GenerationRequest.chat("sys", "user", max_tokens=64, temperature=0.0, top_p=1.0, seed=None)
+    assert call_key("small", base) == call_key("small", GenerationRequest.chat("sys", "user", max_tokens=64,
+                                                                               temperature=0.0, top_p=1.0))
+    others = [("large", base), ("small", GenerationRequest.chat("sys", "user", max_tokens=65)),
+              ("small", GenerationRequest.chat("sys", "user", max_tokens=64, seed=3)),
+              ("small", GenerationRequest.chat("sys", "other", max_tokens=64))]
+    assert len({call_key("small", base), *(call_key(c, r) for c, r in others)}) == 1 + len(others)
+    pool, _ = make_pool()
+    traces = execute_specs([cot("small"), cot("small"), cot("large")], ["q", "q", "q"], pool, cache=ExecutionCache())
+    calls = [t.agents[0].call for t in traces]
+    assert calls[0] == calls[1] != calls[2] and traces[1].agents[0].cached

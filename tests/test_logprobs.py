@@ -128,3 +128,29 @@ def test_bad_input_names_the_fix() -> None:
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         decoder_and_head(model)
+
+
+def test_hidden_mode_on_a_lora_model_equals_the_full_log_softmax_with_and_without_adapters() -> None:
+    """train-gpu.yaml trains LoRA adapters with logprob_mode: hidden: the decoder path must run the injected
+    adapters (values and adapter gradients) and honour ``disable_adapter`` (the KL reference)."""
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(_tiny_causal_lm("qwen2"), lora)
+    for name, p in model.named_parameters():  # non-zero B matrices: the adapters change the output
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    ids, mask, start = _batch()
+    weights = torch.linspace(-1, 1, 15).view(3, 5)
+    full = full_log_softmax_logprobs(model, ids, mask, start)
+    (full * weights).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    got = sequence_logprobs(model, ids, mask, start, mode="hidden", chunk_tokens=2)
+    (got * weights).sum().backward()
+    assert torch.allclose(got, full, atol=1e-5, rtol=0)
+    assert want and all(torch.allclose(p.grad, want[n], atol=1e-5, rtol=1e-4) for n, p in model.named_parameters()
+                        if p.requires_grad)
+    with torch.no_grad(), model.disable_adapter():
+        base = full_log_softmax_logprobs(model, ids, mask, start)
+        assert (base - full).abs().max() > 1e-3  # the adapters matter here, so the next line tests something
+        assert torch.allclose(sequence_logprobs(model, ids, mask, start, mode="hidden"), base, atol=1e-5, rtol=0)

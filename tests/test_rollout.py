@@ -225,7 +225,7 @@ def test_a_call_an_edit_runs_early_is_counted_for_its_original() -> None:
                                      for a in original.agents], output=original.output)
     traces = execute_specs([original, edit], [TASKS[0], TASKS[0]], pool, cache=ExecutionCache())
     assert [a.cached for a in traces[0].agents] == [False, False, True]  # a3 ran in the edit, one level early
-    credit_shared_calls_to_originals(traces, 1, pool)
+    credit_shared_calls_to_originals(traces, 1)
     assert traces[0].agent_calls == 3 and traces[1].agent_calls == 1  # the edit really ran only its own a2
     assert [a.agent_id for a in traces[1].agents if not a.cached] == ["a2"]
     assert traces[0].agents[2].latency_s == 0.5 and traces[1].agents[-1].latency_s == 0.0
