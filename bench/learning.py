@@ -20,8 +20,12 @@ the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/lear
 ``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>``.
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    OMP_NUM_THREADS=1 python bench/learning.py            # ~90 min on 2 cores (train 32, sweep 16, test 60, 4 steps)
-    OMP_NUM_THREADS=1 python bench/learning.py --quick    # ~10 min (train 8, test 16, 1 step)
+    python bench/learning.py --skip sc3@large    # 56 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps)
+    python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
+    python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
+
+Measured figures and what they mean: docs/training.md, "Benchmarks". On a machine busy with other work set
+OMP_NUM_THREADS=1: two processes of two threads each on two cores ran 8x slower, not 2x.
 """
 
 from __future__ import annotations
@@ -83,10 +87,10 @@ def train_arm(cfg: TrainConfig, sft_dir: Path, train: list[Any], iterations: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", default="train-cpu", help="train config (pool, model, SFT, GRPO settings)")
-    ap.add_argument("--quick", action="store_true", help="train 8, test 16, 1 step: a ~10 min smoke run")
+    ap.add_argument("--quick", action="store_true", help="train 8, test 16, 1 step: a smoke run")
     ap.add_argument("--train", type=int, default=32, help="training tasks")
     ap.add_argument("--test", type=int, default=60, help="held-out test examples (the same for every method)")
-    ap.add_argument("--iterations", type=int, default=4, help="GRPO steps of lemon and grpo-only")
+    ap.add_argument("--iterations", type=int, default=3, help="GRPO steps of lemon and grpo-only")
     ap.add_argument("--teacher", default="sweep", choices=["sweep", "templated"], help="SFT teacher")
     ap.add_argument("--sweep-tasks", type=int, default=16,
                     help="training tasks the teacher sweep executes (every candidate spec of each on the pool)")
@@ -96,6 +100,9 @@ def main() -> None:
                     help="SFT targets per task: the sweep's best N candidates (1 collapses SFT onto one spec, so "
                     "every GRPO group is 4 copies of it and has no advantage to learn from)")
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
+    ap.add_argument("--only", nargs="*", default=None, choices=["cot@small", "cot@large", "sc3@large"],
+                    help="run only these baselines and add their rows to OUT/learning.json (a row of the same "
+                    "method is replaced): completes a run made with --skip")
     ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large"],
                     help="methods not to run: sc3@large costs three times CoT@large's generation (its row is "
                     "then absent; the ratio line needs only lemon and cot@large)")
@@ -135,6 +142,18 @@ def main() -> None:
         t0 = time.perf_counter()
         summary, records = evaluate(bench, test, spec, pool, method=name, progress=False, cache=cache)
         record(name, summary, records, t0)
+
+    if args.only is not None:
+        saved = out / "learning.json"
+        old = json.loads(saved.read_text()) if saved.is_file() else {"rows": []}
+        specs = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
+                 "sc3@large": self_consistency(levels[-1], 3)}
+        for name in args.only:
+            baseline(name, specs[name])
+        rows[:0] = [r for r in old["rows"] if r["method"] not in args.only]
+        saved.write_text(json.dumps({**old, "rows": rows}, indent=2, default=str))
+        print(f"{saved}: {[r['method'] for r in rows]}")
+        return
 
     baseline("cot@small", cot(levels[0]))
     baseline("cot@large", cot(levels[-1]))
