@@ -25,7 +25,7 @@ Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
 Measured figures and what they mean: docs/training.md, "Benchmarks". On a machine busy with other work set
-OMP_NUM_THREADS=1: two processes of two threads each on two cores ran 8x slower, not 2x.
+OMP_NUM_THREADS=1: a sampling job beside another two-thread process on two cores ran 14x slower (252 s vs 18 s), not 2x.
 """
 
 from __future__ import annotations
