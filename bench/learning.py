@@ -124,14 +124,23 @@ def main() -> None:
     levels = pool.level_names
     bench = get("multiarith")
     cache = ExecutionCache()
+    saved = out / "learning.json"
+    # --only adds to an earlier run: its args, SFT figures and other rows are kept in every write below
+    meta: dict[str, Any] = {"args": vars(args)}
     rows: list[dict[str, Any]] = []
+    if args.only is not None and saved.is_file():
+        old = json.loads(saved.read_text())
+        rows = [r for r in old.pop("rows") if r["method"] not in args.only]
+        meta = old
+    baselines = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
+                 "sc3@large": self_consistency(levels[-1], 3)}
     t_all = time.perf_counter()
 
     def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float) -> None:
         r = row(summary, records, levels, time.perf_counter() - t0)
         rows.append(r)
         # written after every method: a run stopped part-way keeps what it measured
-        (out / "learning.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))
+        saved.write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
         print(f"{method:>10}  accuracy={r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] "
               f"n={r['n']}  valid={r['valid_rate']:.2f}  $/ex={r['mean_cost_usd']:.2e}  "
               f"tokens/ex={r['mean_tokens']:.0f}  truncated={r['truncated_answers']}  "
@@ -144,19 +153,13 @@ def main() -> None:
         record(name, summary, records, t0)
 
     if args.only is not None:
-        saved = out / "learning.json"
-        old = json.loads(saved.read_text()) if saved.is_file() else {"rows": []}
-        specs = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
-                 "sc3@large": self_consistency(levels[-1], 3)}
         for name in args.only:
-            baseline(name, specs[name])
-        rows[:0] = [r for r in old["rows"] if r["method"] not in args.only]
-        saved.write_text(json.dumps({**old, "rows": rows}, indent=2, default=str))
+            baseline(name, baselines[name])
         print(f"{saved}: {[r['method'] for r in rows]}")
         return
 
-    baseline("cot@small", cot(levels[0]))
-    baseline("cot@large", cot(levels[-1]))
+    baseline("cot@small", baselines["cot@small"])
+    baseline("cot@large", baselines["cot@large"])
 
     t0 = time.perf_counter()
     policy = load_policy(cfg, cfg.model)
@@ -182,11 +185,10 @@ def main() -> None:
         record(name, summary, records, t0)
         close_state(state)
     if "sc3@large" not in args.skip:
-        baseline("sc3@large", self_consistency(levels[-1], 3))  # last: three times CoT@large's generation
+        baseline("sc3@large", baselines["sc3@large"])  # last: three times CoT@large's generation
 
     by = {r["method"]: r for r in rows}
-    (out / "learning.json").write_text(json.dumps({"args": vars(args), "sft": sft.model_dump(), "rows": rows},
-                                                  indent=2, default=str))
+    saved.write_text(json.dumps({**meta, "sft": sft.model_dump(), "rows": rows}, indent=2, default=str))
     (out / "pareto.png").write_bytes(plot_pareto(rows))
     lines = ["| method | accuracy [95% CI] | n | valid | $/ex | tokens/ex | capacity mix |",
              "|---|---|---|---|---|---|---|"]

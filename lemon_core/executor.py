@@ -192,8 +192,9 @@ def _request_row(request: GenerationRequest) -> dict[str, object]:
 
 
 def call_key(capacity: str, request: GenerationRequest) -> str:
-    """A short stable digest of (capacity, request): exactly the node cache's key, so traces can tell
-    which agents of different specs were served by one call without keeping the requests."""
+    """A short stable digest of (capacity, request), so traces can tell which agents of different specs were
+    served by one call without keeping the requests. For agent calls (no grammar) it is the node cache's
+    key; of a grammar only its presence counts (the cache keys on the grammar object itself)."""
     row = json.dumps([capacity, _request_row(request), request.grammar is not None], sort_keys=True, default=str)
     return hashlib.sha256(row.encode()).hexdigest()[:16]
 
