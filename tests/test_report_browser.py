@@ -86,8 +86,12 @@ def test_pictures_decode_in_the_kubeflow_viewer_iframe(report: Path, tmp_path: P
     probed = page.replace("</body>", PROBE + "</body>")
     viewer = tmp_path / "viewer.html"
     viewer.write_text(VIEWER.format(srcdoc=html.escape(probed, quote=True)))
-    dom = chromium(binary, tmp_path / "profile", "--virtual-time-budget=15000", "--dump-dom",
-                   viewer.as_uri()).stdout
+    # Chromium puts a sandboxed iframe into a process of its own, and the virtual-time budget does not wait
+    # for a cross-process postMessage: 3 of 20 dumps came before the probe's message (measured 2026-12-04,
+    # Chromium 156). Keeping the iframe in the page's process made it 0 of 30; the sandbox (opaque origin,
+    # scripts only) is the same either way, and that is what this test checks.
+    dom = chromium(binary, tmp_path / "profile", "--disable-features=IsolateSandboxedIframes",
+                   "--virtual-time-budget=15000", "--dump-dom", viewer.as_uri()).stdout
     message = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert message, f"the viewer page did not render: {dom[:500]}"
     result = json.loads(html.unescape(message.group(1)))
