@@ -56,7 +56,7 @@ def main() -> None:
     large = pool.level_names[-1]
     specs = {"cot": cot(large), "chain": chain(large, length=2), "sc3": self_consistency(large, 3)}
     bench = get("multiarith")
-    _, test = split_tasks(32, max(args.n, 60))
+    _, test, _ = split_tasks(32, max(args.n, 60))
     tasks = test[: args.n]
     formats = {"benchmark": bench.answer_format, "no-placeholder": NO_PLACEHOLDER}
     cache = ExecutionCache()  # the solvers' calls of one format are shared by the topologies that repeat them

@@ -59,12 +59,16 @@ from lemon_core.train import (  # noqa: E402
 )
 
 
-def split_tasks(n_train: int, n_test: int, seed: int = 0) -> tuple[list[Any], list[Any]]:
+def split_tasks(n_train: int, n_test: int, n_held: int = 0, seed: int = 0) -> tuple[list[Any], list[Any], list[Any]]:
+    """(train, test, held) of the MultiArith problems shuffled once: test first, then train, then ``n_held``
+    problems in neither (SFT's valid-spec rate is measured on their questions), so ``n_held`` changes
+    neither split."""
     tasks = get("multiarith").load("test")
     random.Random(seed).shuffle(tasks)
-    if n_train + n_test > len(tasks):
-        raise SystemExit(f"--train {n_train} + --test {n_test} exceeds the {len(tasks)} MultiArith problems")
-    return tasks[n_test : n_test + n_train], tasks[:n_test]
+    if n_train + n_test + n_held > len(tasks):
+        raise SystemExit(f"--train {n_train} + --test {n_test} (+ {n_held} held out for the valid-spec rate) "
+                         f"exceeds the {len(tasks)} MultiArith problems")
+    return tasks[n_test : n_test + n_train], tasks[:n_test], tasks[n_test + n_train : n_test + n_train + n_held]
 
 
 def row(summary: Any, records: list[dict[str, Any]], levels: list[str], seconds: float) -> dict[str, Any]:
@@ -119,7 +123,7 @@ def main() -> None:
     cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False,
                                 sft={"teacher": args.teacher, "sweep": sweep})
     cfg = cfg.model_copy(update={"agent_max_tokens": args.agent_max_tokens})
-    train, test = split_tasks(args.train, args.test)
+    train, test, held = split_tasks(args.train, args.test, cfg.sft.eval_tasks)
     pool = load_train_pool(cfg)
     levels = pool.level_names
     bench = get("multiarith")
@@ -163,7 +167,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     policy = load_policy(cfg, cfg.model)
-    sft = sft_warmup(policy, cfg, pool, train, [t.question for t in train], progress=False)
+    sft = sft_warmup(policy, cfg, pool, train, [t.question for t in held], progress=False)
     print(f"SFT: {sft.model_dump_json()}", flush=True)
     sft_dir = out / "sft-model"
     save_model_dir(policy, sft_dir)

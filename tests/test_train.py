@@ -50,6 +50,26 @@ def test_bundled_configs_load_and_env_overrides_yaml(monkeypatch: pytest.MonkeyP
     assert (cfg.optim.lr, cfg.iterations, cfg.out, cfg.rollout.group_size) == (0.123, 7, "elsewhere", 4)
 
 
+@pytest.mark.parametrize("name", ["train-cpu", "train-gpu", "local-cpu", "cluster-gpu"])
+def test_real_model_configs_measure_the_sft_valid_rate_on_32_held_out_samples(name: str) -> None:
+    """Issue #10: SFT runs until the unconstrained valid-spec rate on >= 32 held-out samples reaches 0.9. The
+    questions come from the held-out split (``data.eval_tasks`` for ``lemon train``, the pipeline's ``val``
+    split), so that split must hold at least ``sft.eval_tasks`` of them or the check silently shrinks."""
+    from lemon_core.stages import load_config
+
+    if name.startswith("train-"):
+        cfg = TrainConfig.from_yaml(name)
+        held_out = cfg.data.eval_tasks
+    else:
+        pipeline = load_config(name)
+        cfg, held_out = pipeline.train, (pipeline.prepare.val_limit or 10**6) * len(pipeline.prepare.benchmarks)
+    sft = cfg.sft
+    assert sft.enabled and sft.target_valid_rate is not None and sft.target_valid_rate >= 0.9, name
+    assert sft.max_rounds >= 2, f"{name}: a second round when the target is missed"
+    assert held_out >= sft.eval_tasks, f"{name}: {held_out} held-out questions < sft.eval_tasks {sft.eval_tasks}"
+    assert sft.eval_tasks * sft.eval_samples >= 32, f"{name}: {sft.eval_tasks} x {sft.eval_samples} samples"
+
+
 def test_bad_config_names_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("iterations: 2\nrollout: {group_size: 1}\n")
