@@ -45,7 +45,7 @@ ECHO = re.compile(r"answer is\s*N\b")  # the placeholder copied instead of a num
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/train-cpu.yaml", help="pool and agent caps (train config)")
+    ap.add_argument("--config", default="train-cpu", help="pool and agent caps (train config, as bench/learning.py)")
     ap.add_argument("--n", type=int, default=12, help="held-out problems per row (bench/learning.py's test split)")
     ap.add_argument("--topologies", nargs="*", default=["cot", "chain", "sc3"], choices=["cot", "chain", "sc3"])
     ap.add_argument("--formats", nargs="*", default=["benchmark", "no-placeholder"],
@@ -56,8 +56,7 @@ def main() -> None:
     large = pool.level_names[-1]
     specs = {"cot": cot(large), "chain": chain(large, length=2), "sc3": self_consistency(large, 3)}
     bench = get("multiarith")
-    _, test, _ = split_tasks(32, max(args.n, 60))
-    tasks = test[: args.n]
+    _, tasks, _ = split_tasks(0, args.n)  # test comes first in split_tasks' order: learning.py's first n
     formats = {"benchmark": bench.answer_format, "no-placeholder": NO_PLACEHOLDER}
     cache = ExecutionCache()  # the solvers' calls of one format are shared by the topologies that repeat them
     echoes: dict[str, list[int]] = {}

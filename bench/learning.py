@@ -61,6 +61,8 @@ from lemon_core.train import (  # noqa: E402
     tasks_for_step,
 )
 
+BASELINES = ("cot@small", "cot@large", "sc3@large")  # fixed-spec methods, built per pool in main()
+
 
 def split_tasks(n_train: int, n_test: int, n_held: int = 0, seed: int = 0) -> tuple[list[Any], list[Any], list[Any]]:
     """(train, test, held) of the MultiArith problems shuffled once: test first, then train, then ``n_held``
@@ -107,7 +109,7 @@ def main() -> None:
                     help="SFT targets per task: the sweep's best N candidates (1 collapses SFT onto one spec, so "
                     "every GRPO group is 4 copies of it and has no advantage to learn from)")
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
-    ap.add_argument("--only", nargs="*", default=None, choices=["cot@small", "cot@large", "sc3@large"],
+    ap.add_argument("--only", nargs="*", default=None, choices=BASELINES,
                     help="run only these baselines and add their rows to OUT/learning.json (a row of the same "
                     "method is replaced): completes a run made with --skip")
     ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large"],
