@@ -7,10 +7,11 @@ self-consistency's voter) can copy the placeholder instead: ``The answer is N.``
 multi-agent spec whose output agent has parents then fails whatever its agents computed, so neither the
 teacher sweep nor the trained orchestrator can find a team that beats one solver.
 
-This script measures that on the same held-out MultiArith problems as ``bench/learning.py`` (the first
-``--n`` of its test split): each topology at the `large` level, under the benchmark's own format and under
-a format with no placeholder to copy. Per row: accuracy with its 95% Wilson interval and n, and how many
-final answers echo the placeholder (``The answer is N``). Last line:
+This script measures that on the same held-out MultiArith problems as ``bench/learning.py`` (the first ``--n``
+of its test split): each topology at the `large` level, under the benchmark's own format and under its
+``team_answer_format``, which has no placeholder to copy. Since these figures lemon gives the team format to
+an output agent with parents and the benchmark's format to a lone solver. Per row: accuracy with its 95%
+Wilson interval and n, and how many final answers echo the placeholder (``The answer is N``). Last line:
 ``placeholder_echo <format>=<k>/<n> ...`` over the multi-agent topologies.
 
     python bench/answer_format.py                 # cot, chain, sc3 x both formats, n = 12 (~15 min, 2 cores)
@@ -38,8 +39,6 @@ from lemon_core.executor import ExecutionCache, execute_specs  # noqa: E402
 from lemon_core.stats import wilson_interval  # noqa: E402
 from lemon_core.train import load_train_pool  # noqa: E402
 
-NO_PLACEHOLDER = ("Work it out step by step first. Your last line must be 'The answer is' followed by the final "
-                  "number (digits only, no units).")
 ECHO = re.compile(r"answer is\s*N\b")  # the placeholder copied instead of a number
 
 
@@ -57,11 +56,16 @@ def main() -> None:
     specs = {"cot": cot(large), "chain": chain(large, length=2), "sc3": self_consistency(large, 3)}
     bench = get("multiarith")
     _, tasks, _ = split_tasks(0, args.n)  # test comes first in split_tasks' order: learning.py's first n
-    formats = {"benchmark": bench.answer_format, "no-placeholder": NO_PLACEHOLDER}
+    # Both fields set, so every output agent of a row gets that row's format; lemon itself gives the team
+    # format only to an output agent with parents (executor.final_answer_format): the "benchmark" cot row and
+    # the "no-placeholder" chain and sc3 rows.
+    team = bench.team_answer_format
+    formats = {"benchmark": {"answer_format": bench.answer_format, "team_answer_format": bench.answer_format},
+               "no-placeholder": {"answer_format": team, "team_answer_format": team}}
     cache = ExecutionCache()  # the solvers' calls of one format are shared by the topologies that repeat them
     echoes: dict[str, list[int]] = {}
     for name in args.formats:
-        worded = [t.model_copy(update={"answer_format": formats[name]}) for t in tasks]
+        worded = [t.model_copy(update=formats[name]) for t in tasks]
         for topology in args.topologies:
             t0 = time.perf_counter()
             traces = execute_specs([specs[topology]] * len(worded), worded, pool, cache=cache)

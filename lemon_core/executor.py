@@ -35,7 +35,8 @@ from lemon_core.spec import AgentSpec, OrchestrationSpec
 
 
 class TaskLike(Protocol):
-    """What the executor needs of a task: its text and (optionally) how the answer must look."""
+    """What the executor needs of a task: its text and (optionally) how the answer must look. A task may
+    also carry ``team_answer_format``: the instruction for a final agent that reads other agents' outputs."""
 
     question: str
     answer_format: str
@@ -43,10 +44,12 @@ class TaskLike(Protocol):
 
 @dataclass(frozen=True)
 class Task:
-    """A plain task. Benchmark examples fit the same shape (``question``, ``answer_format``)."""
+    """A plain task. Benchmark examples fit the same shape (``question``, ``answer_format``,
+    ``team_answer_format``)."""
 
     question: str
     answer_format: str = ""
+    team_answer_format: str = ""  # "" means answer_format
 
 
 @dataclass
@@ -210,12 +213,11 @@ def build_request(
     pool: CapacityPool, seed: int,
 ) -> GenerationRequest:
     """The chat request for ``agent`` given its parents' outputs (all parents must be done)."""
-    question, answer_format = _task_text(task)
+    question = _task_text(task)
     parents = [(p, spec.agent(p).role, outputs[p]) for p in agent.depends_on]
-    is_final = agent.id == spec.output
     system, user = agent_messages(
         role=agent.role, base_role=agent.base_role, duty=agent.duty, task=question, parents=parents,
-        answer_format=(answer_format or "Give your final answer clearly.") if is_final else None,
+        answer_format=final_answer_format(task, has_parents=bool(parents)) if agent.id == spec.output else None,
     )
     level = pool.level(agent.capacity)
     return GenerationRequest.chat(
@@ -249,7 +251,7 @@ def execute_specs(
     """
     if len(specs) != len(tasks):
         raise ValueError(f"execute_specs got {len(specs)} specs but {len(tasks)} tasks; pass one task per spec")
-    traces = [Trace(spec=s, task=_task_text(t)[0]) for s, t in zip(specs, tasks, strict=True)]
+    traces = [Trace(spec=s, task=_task_text(t)) for s, t in zip(specs, tasks, strict=True)]
     outputs: list[dict[str, str]] = [{} for _ in specs]
     failed: list[set[str]] = [set() for _ in specs]
     spec_levels = [s.levels() for s in specs]
@@ -339,7 +341,16 @@ def _run_group(
     return [r for r in results if r is not None], was_cached
 
 
-def _task_text(task: TaskLike | str) -> tuple[str, str]:
+def final_answer_format(task: TaskLike | str, has_parents: bool) -> str:
+    """The answer-format line of the spec's output agent. A lone solver gets the task's ``answer_format``;
+    an output agent that reads other agents' outputs gets ``team_answer_format`` where the task has one,
+    because such an agent copies a format's placeholder ("The answer is N.") instead of answering
+    (bench/answer_format.py: 24 of 24 team answers with MultiArith's format, 0 of 24 without the placeholder)."""
     if isinstance(task, str):
-        return task, ""
-    return task.question, getattr(task, "answer_format", "") or ""
+        return "Give your final answer clearly."
+    team = getattr(task, "team_answer_format", "") or ""
+    return (team if has_parents and team else getattr(task, "answer_format", "")) or "Give your final answer clearly."
+
+
+def _task_text(task: TaskLike | str) -> str:
+    return task if isinstance(task, str) else task.question

@@ -9,7 +9,9 @@ parser can never disagree about the format.
 
 An agent's prompt is its role and customised duty (system message), then the task, then the outputs
 of the agents it depends on (user message). The agent named as the spec's ``output`` also gets the
-benchmark's answer-format instruction, so the team's final answer can be extracted and scored.
+benchmark's answer-format instruction, so the team's final answer can be extracted and scored; when it
+reads other agents' outputs, the benchmark's placeholder-free team format instead
+(``executor.final_answer_format``).
 """
 
 from __future__ import annotations

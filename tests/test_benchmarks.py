@@ -6,6 +6,7 @@ import ast
 import importlib.util
 import operator
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,18 @@ def test_counts_and_unique_ids(name: str, split: str, count: int) -> None:
     assert len({e.id for e in examples}) == count
     assert all(e.id.startswith(f"{name}/{split}/") and e.benchmark == name for e in examples)
     assert all(e.question.strip() and e.answer_format for e in examples)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_team_answer_format_has_no_placeholder_to_copy(name: str) -> None:
+    """An output agent that reads other agents' outputs copies a placeholder ("The answer is N.") instead of
+    answering (bench/answer_format.py), so each benchmark's team format names what to write, not a stand-in."""
+    (example,) = get(name).load(limit=1)
+    team = example.team_answer_format or example.answer_format
+    assert team == (get(name).team_answer_format or get(name).answer_format)
+    assert not re.search(r"\banswer is \(?[NX]\)?(?![a-z])", team), team
+    if name != "humaneval":  # its format ("the complete function in a python block") has no placeholder
+        assert team != example.answer_format and "The answer is" in team
 
 
 def test_default_splits_follow_the_paper() -> None:

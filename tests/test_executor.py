@@ -78,6 +78,21 @@ def test_parent_outputs_reach_child_prompts_and_answer_format_only_final() -> No
     assert "The answer is N" in second.prompt
 
 
+def test_an_output_agent_with_parents_gets_the_team_answer_format_and_a_lone_solver_the_plain_one() -> None:
+    pool, _ = make_pool()
+    task = Task("What is 2+2?", "End with 'The answer is N'.", "Your last line: 'The answer is' and the number.")
+    lone, team = execute_specs([cot("small"), chain("small", length=2)], [task, task], pool)
+    assert "End with 'The answer is N'." in lone.agents[0].prompt and "Your last line" not in lone.agents[0].prompt
+    solver, verifier = team.agents
+    assert "Your last line: 'The answer is' and the number." in verifier.prompt
+    assert "The answer is N" not in verifier.prompt and "Your last line" not in solver.prompt
+    # a task without a team format keeps its one format; a bare string gets a generic line
+    (plain,) = execute_specs([chain("small", length=2)], [Task("What is 2+2?", "End with 'The answer is N'.")], pool)
+    assert "End with 'The answer is N'." in plain.agents[1].prompt
+    (bare,) = execute_specs([chain("small", length=2)], ["What is 2+2?"], pool)
+    assert "Give your final answer clearly." in bare.agents[1].prompt
+
+
 def test_cost_tokens_and_latency_totals() -> None:
     pool, _ = make_pool()
     (trace,) = execute_specs([debate("small", debaters=2, rounds=2)], ["q"], pool)

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lemon_core.backends.base import Completion
 from lemon_core.backends.openai_http import OpenAIBackend
+from lemon_core.benchmarks import get
 from lemon_core.pool import CapacityLevel, CapacityPool
 from lemon_core.serve import ServeSettings, create_app, load_settings
 from lemon_core.serve.doubles import EchoAgent, ScriptedOrchestrator, two_agent_spec
@@ -247,10 +248,11 @@ def test_orchestrate_returns_spec_trace_and_answer(tmp_path: Path) -> None:
         # cost at the pool's prices: small 10*1 + 20*2, large 10*10 + 20*20 (per 1M tokens)
         assert body["trace"]["cost"] == pytest.approx((10 + 40 + 100 + 400) / 1e6)
         assert body["trace"]["total_tokens"] == 2 * (10 + 20)
-        # the verifier read the solver's output, and the final agent got the benchmark's answer format
+        # the verifier read the solver's output and, as an output agent with a parent, got the benchmark's
+        # placeholder-free team format (not "The answer is N", which such an agent copies)
         final_prompt = h.agents["large"].requests[0].messages[-1][1]
         assert "[small] The answer is 42." in final_prompt
-        assert "The answer is N" in final_prompt
+        assert get("gsm8k").team_answer_format in final_prompt and "The answer is N" not in final_prompt
         # the orchestrator saw the lemon prompt with the task and the pool's levels, greedy, seed 0
         req = h.orchestrator.calls[0][0]
         assert "What is 40 + 2?" in req.messages[-1][1] and "small" in req.messages[-1][1]

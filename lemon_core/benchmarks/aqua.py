@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lemon_core.benchmarks.base import ChoiceBenchmark, Example, choice_format, format_options
+from lemon_core.benchmarks.base import ChoiceBenchmark, Example, choice_format, choice_team_format, format_options
 
 LETTERS = "ABCDE"
 _OPTION = re.compile(r"^\s*\(?([A-E])\s*\)\s*(.*)$", re.DOTALL)
@@ -33,6 +33,7 @@ class AQuA(ChoiceBenchmark):
     splits = ("test", "dev")
     letters = LETTERS
     answer_format = choice_format(LETTERS)
+    team_answer_format = choice_team_format(LETTERS)
     hf_dataset, hf_config = "deepmind/aqua_rat", "raw"
     hf_splits = {"dev": "validation"}
 
@@ -49,5 +50,6 @@ class AQuA(ChoiceBenchmark):
             id=f"{self.name}/{split}/{record['index']}", benchmark=self.name,
             question=f"{record['question'].strip()}\n\n{format_options(options)}",
             answer=record["correct"].strip().upper(), answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format,
             meta={"options": options, "rationale": record.get("rationale", "")},
         )

@@ -36,6 +36,9 @@ class Example(BaseModel):
     question: str
     answer: str  # number as canonical string, option letter, or HumanEval task_id
     answer_format: str  # one-line instruction the executor appends to the final agent's prompt
+    # The same instruction for a final agent that reads other agents' outputs; "" means answer_format.
+    # It carries no placeholder: such an agent copies one ("The answer is N.") instead of answering.
+    team_answer_format: str = ""
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -102,6 +105,7 @@ class Benchmark:
     splits: ClassVar[tuple[str, ...]]
     default_split: ClassVar[str] = "test"
     answer_format: ClassVar[str]
+    team_answer_format: ClassVar[str] = ""  # see Example.team_answer_format
     hf_dataset: ClassVar[str]
     hf_config: ClassVar[str | None] = None
     hf_splits: ClassVar[dict[str, str]] = {}  # our split name -> hub split name
@@ -171,12 +175,17 @@ class Benchmark:
 
 
 NUMBER_FORMAT = "End your reply with 'The answer is N' where N is a single number (no units)."
+# For a final agent with parents: with NUMBER_FORMAT, Qwen2.5-Coder-0.5B's chain verifier and SC(3) voter
+# answered "The answer is N." in 24 of 24 MultiArith problems; with this one, 0 of 24 (bench/answer_format.py).
+NUMBER_TEAM_FORMAT = ("Work it out step by step first. Your last line must be 'The answer is' followed by the final "
+                      "number (digits only, no units).")
 
 
 class NumericBenchmark(Benchmark):
     """Math word problems: gold is a number; scored numerically (abs 1e-6; rel 1e-4 for decimal golds)."""
 
     answer_format = NUMBER_FORMAT
+    team_answer_format = NUMBER_TEAM_FORMAT
 
     def extract(self, text: str | None, example: Example | None = None) -> str | None:
         return extract_number(text)
@@ -187,6 +196,12 @@ class NumericBenchmark(Benchmark):
 
 def choice_format(letters: str) -> str:
     return f"End your reply with 'The answer is (X)' where X is one of {', '.join(letters)}."
+
+
+def choice_team_format(letters: str) -> str:
+    """choice_format without the "(X)" placeholder, for a final agent that reads other agents' outputs."""
+    return (f"Your last line must be 'The answer is' followed by the correct option's letter in parentheses "
+            f"(one of {', '.join(letters)}).")
 
 
 def format_options(options: dict[str, str]) -> str:

@@ -38,5 +38,6 @@ class GSM8K(NumericBenchmark):
         return Example(
             id=f"{self.name}/{split}/{record['index']}", benchmark=self.name, question=record["question"],
             answer=gold_from_solution(record["answer"]), answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format,
             meta={"solution": record["answer"]},
         )

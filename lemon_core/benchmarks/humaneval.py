@@ -118,7 +118,8 @@ class HumanEval(Benchmark):
         meta = {k: record[k] for k in ("prompt", "test", "entry_point", "canonical_solution")}
         return Example(
             id=f"{self.name}/{split}/{task_number(record['task_id'])}", benchmark=self.name,
-            question=question, answer=record["task_id"], answer_format=self.answer_format, meta=meta,
+            question=question, answer=record["task_id"], answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format, meta=meta,
         )
 
     def extract(self, text: str | None, example: Example | None = None) -> str | None:

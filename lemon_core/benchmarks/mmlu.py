@@ -12,7 +12,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from lemon_core.benchmarks.base import ChoiceBenchmark, Example, choice_format, format_options
+from lemon_core.benchmarks.base import ChoiceBenchmark, Example, choice_format, choice_team_format, format_options
 
 LETTERS = "ABCD"
 
@@ -23,6 +23,7 @@ class MMLU(ChoiceBenchmark):
     default_split = "val"
     letters = LETTERS
     answer_format = choice_format(LETTERS)
+    team_answer_format = choice_team_format(LETTERS)
     hf_dataset, hf_config = "cais/mmlu", "all"
     hf_splits = {"val": "validation", "test": "test", "dev": "dev"}
 
@@ -54,5 +55,6 @@ class MMLU(ChoiceBenchmark):
         return Example(
             id=f"{self.name}/{split}/{subject}/{record['index']}", benchmark=self.name, question=text,
             answer=answer.strip().upper(), answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format,
             meta={"options": options, "subject": subject},
         )

@@ -32,5 +32,6 @@ class MultiArith(NumericBenchmark):
         return Example(
             id=f"{self.name}/{split}/{record['iIndex']}", benchmark=self.name,
             question=record["sQuestion"].strip(), answer=canonical_number(record["lSolutions"][0]),
-            answer_format=self.answer_format, meta={"equations": record.get("lEquations", [])},
+            answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format, meta={"equations": record.get("lEquations", [])},
         )

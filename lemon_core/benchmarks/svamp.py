@@ -33,5 +33,6 @@ class SVAMP(NumericBenchmark):
             id=f"{self.name}/{split}/{record['ID']}", benchmark=self.name,
             question=f"{record['Body'].strip()} {record['Question'].strip()}",
             answer=canonical_number(record["Answer"]), answer_format=self.answer_format,
+            team_answer_format=self.team_answer_format,
             meta={"equation": record.get("Equation", ""), "type": record.get("Type", "")},
         )

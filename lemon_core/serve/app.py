@@ -290,16 +290,17 @@ def _job(service: Service, task: str, task_param: str, answer_format: str | None
                        param="answer_format")
     if answer_format and benchmark:
         raise ApiError(422, "invalid_request", "give answer_format or benchmark, not both", param="benchmark")
+    team_answer_format = ""
     if benchmark:
         from lemon_core.benchmarks import get
 
         try:
-            answer_format = get(benchmark).answer_format
+            answer_format, team_answer_format = get(benchmark).answer_format, get(benchmark).team_answer_format
         except ValueError as e:
             raise ApiError(422, "invalid_request", f"benchmark: {e}", param="benchmark") from None
     budget = budget or Budget()
     _check_budget(service, budget, tokens_param)
-    return Job(task=task, answer_format=answer_format or "",
+    return Job(task=task, answer_format=answer_format or "", team_answer_format=team_answer_format,
                max_agents=budget.max_agents or settings.max_agents,
                max_tokens=budget.max_tokens or settings.max_tokens)
 

@@ -44,6 +44,7 @@ class Job:
 
     task: str
     answer_format: str = ""
+    team_answer_format: str = ""  # for an output agent with parents; "" means answer_format (executor)
     max_agents: int = 8
     max_tokens: int = 8192
     abandoned: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
@@ -190,7 +191,7 @@ def run_jobs(orchestrator: Orchestrator, jobs: Sequence[Job]) -> list[JobResult]
     if ok:
         traces = execute_specs(
             [outcomes[i].parsed.spec for i in ok],  # type: ignore[union-attr]
-            [Task(jobs[i].task, jobs[i].answer_format) for i in ok],
+            [Task(jobs[i].task, jobs[i].answer_format, jobs[i].team_answer_format) for i in ok],
             orchestrator.pool, seed=orchestrator.settings.seed,
         )
         t2 = time.perf_counter()
