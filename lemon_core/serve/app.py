@@ -295,9 +295,10 @@ def _job(service: Service, task: str, task_param: str, answer_format: str | None
         from lemon_core.benchmarks import get
 
         try:
-            answer_format, team_answer_format = get(benchmark).answer_format, get(benchmark).team_answer_format
+            named = get(benchmark)
         except ValueError as e:
             raise ApiError(422, "invalid_request", f"benchmark: {e}", param="benchmark") from None
+        answer_format, team_answer_format = named.answer_format, named.team_answer_format
     budget = budget or Budget()
     _check_budget(service, budget, tokens_param)
     return Job(task=task, answer_format=answer_format or "", team_answer_format=team_answer_format,
