@@ -20,10 +20,9 @@ the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/lear
 ``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>``.
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py --skip sc3@large    # 56 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps)
-                                                 # at ceb24d2 (SFT 1 round); train-cpu.yaml's SFT now runs up to
-                                                 # 3 rounds to a 0.9 valid rate: sweep + 3 rounds with their
-                                                 # valid-rate checks measured 952 s (2026-12-04)
+    python bench/learning.py --skip sc3@large    # 64 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
+                                                 # 670679d, 2026-12-05: SFT 2 rounds to a 0.906 valid rate, and
+                                                 # lemon-sft's chain@large specs take 2 agent calls each)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
