@@ -31,6 +31,7 @@ from typing import Protocol, TextIO
 from lemon_core.backends.base import Completion, GenerationRequest
 from lemon_core.pool import CapacityPool
 from lemon_core.prompts import agent_messages
+from lemon_core.roles import ANSWERING_ROLES
 from lemon_core.spec import AgentSpec, OrchestrationSpec
 
 
@@ -215,9 +216,12 @@ def build_request(
     """The chat request for ``agent`` given its parents' outputs (all parents must be done)."""
     question = _task_text(task)
     parents = [(p, spec.agent(p).role, outputs[p]) for p in agent.depends_on]
+    is_output = agent.id == spec.output
+    answers = is_output or agent.base_role in ANSWERING_ROLES  # an upstream planner or critic gets no format line
     system, user = agent_messages(
         role=agent.role, base_role=agent.base_role, duty=agent.duty, task=question, parents=parents,
-        answer_format=final_answer_format(task, has_parents=bool(parents)) if agent.id == spec.output else None,
+        answer_format=final_answer_format(task, in_team=bool(parents) or not is_output) if answers else None,
+        is_output=is_output,
     )
     level = pool.level(agent.capacity)
     return GenerationRequest.chat(
@@ -341,15 +345,18 @@ def _run_group(
     return [r for r in results if r is not None], was_cached
 
 
-def final_answer_format(task: TaskLike | str, has_parents: bool) -> str:
-    """The answer-format line of the spec's output agent. A lone solver gets the task's ``answer_format``;
-    an output agent that reads other agents' outputs gets ``team_answer_format`` where the task has one,
-    because such an agent copies a format's placeholder ("The answer is N.") instead of answering
-    (bench/answer_format.py: 24 of 24 team answers with MultiArith's format, 0 of 24 without the placeholder)."""
-    if isinstance(task, str):
-        return "Give your final answer clearly."
-    team = getattr(task, "team_answer_format", "") or ""
-    return (team if has_parents and team else getattr(task, "answer_format", "")) or "Give your final answer clearly."
+DEFAULT_ANSWER_FORMAT = "Give your final answer clearly."  # a bare-string task, or one without a format
+
+
+def final_answer_format(task: TaskLike | str, in_team: bool) -> str:
+    """The answer-format line of an answering agent. A lone solver (a spec of one agent) gets the task's
+    ``answer_format``; an agent that reads or is read by other agents gets ``team_answer_format`` where the
+    task has one, because a final agent that reads others copies a format's placeholder ("The answer is N.")
+    instead of answering (bench/answer_format.py: 24 of 24 team answers with MultiArith's format, 0 of 24
+    without the placeholder), and an upstream solver's placeholder would be copied downstream."""
+    lone = "" if isinstance(task, str) else task.answer_format
+    team = "" if isinstance(task, str) else getattr(task, "team_answer_format", "")
+    return (team if in_team and team else lone) or DEFAULT_ANSWER_FORMAT
 
 
 def _task_text(task: TaskLike | str) -> str:

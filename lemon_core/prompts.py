@@ -11,7 +11,9 @@ An agent's prompt is its role and customised duty (system message), then the tas
 of the agents it depends on (user message). The agent named as the spec's ``output`` also gets the
 benchmark's answer-format instruction, so the team's final answer can be extracted and scored; when it
 reads other agents' outputs, the benchmark's placeholder-free team format instead
-(``executor.final_answer_format``).
+(``executor.final_answer_format``). An answering agent (``roles.ANSWERING_ROLES``) that other agents read
+gets the team format too, as ``UPSTREAM_FORMAT``: a solver told how to state its result is a stronger
+solver, whether or not its answer is the team's (bench/solver_prompt.py).
 """
 
 from __future__ import annotations
@@ -127,20 +129,22 @@ AGENT_SYSTEM = "You are {role}, working as the {base_role} in a small team of AI
 AGENT_TASK = "Task:\n{task}"
 AGENT_PARENT = "Output of {role} ({agent_id}):\n{output}"
 AGENT_FINAL = "You give the team's final answer. {answer_format}"
+UPSTREAM_FORMAT = "Other agents read your output. {answer_format}"  # measured in bench/solver_prompt.py
 AGENT_GO = "Now do your duty."
 
 
 def agent_messages(
     *, role: str, base_role: str, duty: str, task: str,
-    parents: list[tuple[str, str, str]], answer_format: str | None,
+    parents: list[tuple[str, str, str]], answer_format: str | None, is_output: bool = True,
 ) -> tuple[str, str]:
-    """(system, user) for one agent. ``parents`` is [(agent_id, role, output)] in spec order."""
+    """(system, user) for one agent. ``parents`` is [(agent_id, role, output)] in spec order. ``answer_format``
+    (None: no format line) is worded as the team's final answer for the output agent, else as ``UPSTREAM_FORMAT``."""
     system = AGENT_SYSTEM.format(role=role, base_role=base_role, duty=duty)
     parts = [AGENT_TASK.format(task=task)]
     for agent_id, parent_role, output in parents:
         shown = output if len(output) <= MAX_PARENT_CHARS else output[:MAX_PARENT_CHARS] + " [...]"
         parts.append(AGENT_PARENT.format(role=parent_role, agent_id=agent_id, output=shown))
     if answer_format is not None:
-        parts.append(AGENT_FINAL.format(answer_format=answer_format).strip())
+        parts.append((AGENT_FINAL if is_output else UPSTREAM_FORMAT).format(answer_format=answer_format).strip())
     parts.append(AGENT_GO)
     return system, "\n\n".join(parts)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lemon_core.backends.base import Completion, GenerationRequest
-from lemon_core.baselines import chain, cot, debate, self_consistency
+from lemon_core.baselines import chain, cot, debate, self_consistency, tree
 from lemon_core.executor import ExecutionCache, Task, execute_specs
 from lemon_core.pool import CapacityLevel, CapacityPool
 from lemon_core.spec import AgentSpec, OrchestrationSpec
@@ -69,13 +69,21 @@ def test_mixed_capacities_split_into_one_batch_each() -> None:
     assert traces[0].answer == "small:Majority voter:3"
 
 
-def test_parent_outputs_reach_child_prompts_and_answer_format_only_final() -> None:
+def test_parent_outputs_reach_child_prompts_and_only_answering_agents_get_a_format_line() -> None:
     pool, _ = make_pool()
     (trace,) = execute_specs([chain("small", length=2)], [Task("What is 2+2?", "End with 'The answer is N'.")], pool)
     first, second = trace.agents
-    assert "What is 2+2?" in first.prompt and "The answer is N" not in first.prompt
     assert "Output of Solver (a1):\nsmall:Solver:0" in second.prompt
-    assert "The answer is N" in second.prompt
+    assert "You give the team's final answer. End with 'The answer is N'." in second.prompt
+    # the upstream solver is told how to state its result, not that its answer is the team's
+    assert "Other agents read your output. End with 'The answer is N'." in first.prompt
+    assert "You give the team's final answer" not in first.prompt
+    # a planner's duty is a plan: no answer-format line, so nothing asks it to answer
+    (planned,) = execute_specs([tree("small", branches=2)], [Task("What is 2+2?", "End with 'The answer is N'.")], pool)
+    planner, *solvers, merge = planned.agents
+    assert planner.agent_id == "plan" and "The answer is N" not in planner.prompt
+    assert all("Other agents read your output." in s.prompt for s in solvers)
+    assert "You give the team's final answer." in merge.prompt
 
 
 def test_an_output_agent_with_parents_gets_the_team_answer_format_and_a_lone_solver_the_plain_one() -> None:
@@ -85,7 +93,8 @@ def test_an_output_agent_with_parents_gets_the_team_answer_format_and_a_lone_sol
     assert "End with 'The answer is N'." in lone.agents[0].prompt and "Your last line" not in lone.agents[0].prompt
     solver, verifier = team.agents
     assert "Your last line: 'The answer is' and the number." in verifier.prompt
-    assert "The answer is N" not in verifier.prompt and "Your last line" not in solver.prompt
+    assert "Other agents read your output. Your last line: 'The answer is' and the number." in solver.prompt
+    assert "The answer is N" not in verifier.prompt + solver.prompt  # no placeholder anywhere in a team
     # a task without a team format keeps its one format; a bare string gets a generic line
     (plain,) = execute_specs([chain("small", length=2)], [Task("What is 2+2?", "End with 'The answer is N'.")], pool)
     assert "End with 'The answer is N'." in plain.agents[1].prompt

@@ -91,3 +91,17 @@ def test_solve_check_optimum_is_a_large_solver_with_a_small_checker() -> None:
 def test_repair_accuracy_must_be_a_probability() -> None:
     with pytest.raises(ValueError, match="solve_check"):
         SimulatedBackend("small", {"gsm8k": 0.2}, repair_accuracy={"solve_check": 1.5})
+
+
+@pytest.mark.parametrize("is_output", [True, False])
+def test_the_simulated_pool_reads_the_task_and_parents_out_of_every_agent_prompt(is_output: bool) -> None:
+    """The backend finds the task and each parent's output between the prompt's sections; an answer-format
+    line it did not know (the upstream one) once made every upstream solver fail with 'not in the answer key'."""
+    from lemon_core.backends.simulated import _PARENT_RE, _TASK_RE
+    from lemon_core.prompts import agent_messages
+
+    _, user = agent_messages(role="Checker", base_role="verifier", duty="d", task="Ann has 2 cats. How many?",
+                             parents=[("a1", "Solver", "The answer is 2."), ("a2", "Solver 2", "It is 3.")],
+                             answer_format="End with 'The answer is N'.", is_output=is_output)
+    assert _TASK_RE.search(user).group(1) == "Ann has 2 cats. How many?"  # type: ignore[union-attr]
+    assert _PARENT_RE.findall(user) == [("a1", "The answer is 2."), ("a2", "It is 3.")]

@@ -37,8 +37,11 @@ from typing import Any
 from lemon_core.backends.base import Completion, GenerationRequest
 
 _ANSWER_KEY: dict[str, tuple[str, str]] = {}  # question text -> (benchmark, gold answer)
-_TASK_RE = re.compile(r"Task:\n(.*?)(?:\n\nOutput of |\n\nYou give the team|\n\nNow do your duty)", re.S)
-_PARENT_RE = re.compile(r"Output of .*? \(([^)]*)\):\n(.*?)(?=\n\nOutput of |\n\nYou give|\n\nNow do)", re.S)
+# What may follow the task or a parent's output in an agent's prompt (lemon_core/prompts.py: AGENT_PARENT,
+# AGENT_FINAL, UPSTREAM_FORMAT, AGENT_GO).
+_NEXT_SECTION = r"\n\nOutput of |\n\nYou give the team|\n\nOther agents read your output|\n\nNow do your duty"
+_TASK_RE = re.compile(rf"Task:\n(.*?)(?:{_NEXT_SECTION})", re.S)
+_PARENT_RE = re.compile(rf"Output of .*? \(([^)]*)\):\n(.*?)(?={_NEXT_SECTION})", re.S)
 
 
 def register_examples(examples: Iterable[Any]) -> int:

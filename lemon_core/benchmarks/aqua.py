@@ -46,10 +46,7 @@ class AQuA(ChoiceBenchmark):
 
     def _example(self, record: dict[str, Any], split: str) -> Example:
         options = parse_options(record["options"])
-        return Example(
-            id=f"{self.name}/{split}/{record['index']}", benchmark=self.name,
-            question=f"{record['question'].strip()}\n\n{format_options(options)}",
-            answer=record["correct"].strip().upper(), answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format,
-            meta={"options": options, "rationale": record.get("rationale", "")},
+        return self.example(
+            split, record["index"], f"{record['question'].strip()}\n\n{format_options(options)}",
+            record["correct"].strip().upper(), {"options": options, "rationale": record.get("rationale", "")},
         )

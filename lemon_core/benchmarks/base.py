@@ -159,6 +159,12 @@ class Benchmark:
     def _example(self, record: dict[str, Any], split: str) -> Example:
         raise NotImplementedError
 
+    def example(self, split: str, key: object, question: str, answer: str, meta: dict[str, Any]) -> Example:
+        """One Example of this benchmark: its id is ``<name>/<split>/<key>`` and it carries both of the
+        benchmark's answer formats, so no subclass can forget the team one."""
+        return Example(id=f"{self.name}/{split}/{key}", benchmark=self.name, question=question, answer=answer,
+                       answer_format=self.answer_format, team_answer_format=self.team_answer_format, meta=meta)
+
     def extract(self, text: str | None, example: Example | None = None) -> str | None:
         raise NotImplementedError
 

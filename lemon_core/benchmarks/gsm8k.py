@@ -35,9 +35,5 @@ class GSM8K(NumericBenchmark):
         return {"index": index, "question": row["question"], "answer": row["answer"]}
 
     def _example(self, record: dict[str, Any], split: str) -> Example:
-        return Example(
-            id=f"{self.name}/{split}/{record['index']}", benchmark=self.name, question=record["question"],
-            answer=gold_from_solution(record["answer"]), answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format,
-            meta={"solution": record["answer"]},
-        )
+        return self.example(split, record["index"], record["question"], gold_from_solution(record["answer"]),
+                            {"solution": record["answer"]})

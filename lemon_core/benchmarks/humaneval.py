@@ -116,11 +116,7 @@ class HumanEval(Benchmark):
         question = ("Complete the following Python function so that it passes its hidden tests.\n\n"
                     f"```python\n{record['prompt']}```")
         meta = {k: record[k] for k in ("prompt", "test", "entry_point", "canonical_solution")}
-        return Example(
-            id=f"{self.name}/{split}/{task_number(record['task_id'])}", benchmark=self.name,
-            question=question, answer=record["task_id"], answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format, meta=meta,
-        )
+        return self.example(split, task_number(record["task_id"]), question, record["task_id"], meta)
 
     def extract(self, text: str | None, example: Example | None = None) -> str | None:
         return extract_code(text, example.meta["entry_point"] if example is not None else None)

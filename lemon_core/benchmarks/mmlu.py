@@ -52,9 +52,5 @@ class MMLU(ChoiceBenchmark):
         subject = record["subject"]
         text = (f"The following is a multiple choice question about {subject.replace('_', ' ')}.\n\n"
                 f"{question.strip()}\n\n{format_options(options)}")
-        return Example(
-            id=f"{self.name}/{split}/{subject}/{record['index']}", benchmark=self.name, question=text,
-            answer=answer.strip().upper(), answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format,
-            meta={"options": options, "subject": subject},
-        )
+        return self.example(split, f"{subject}/{record['index']}", text, answer.strip().upper(),
+                            {"options": options, "subject": subject})

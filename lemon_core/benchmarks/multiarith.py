@@ -29,9 +29,5 @@ class MultiArith(NumericBenchmark):
                 "lEquations": []}
 
     def _example(self, record: dict[str, Any], split: str) -> Example:
-        return Example(
-            id=f"{self.name}/{split}/{record['iIndex']}", benchmark=self.name,
-            question=record["sQuestion"].strip(), answer=canonical_number(record["lSolutions"][0]),
-            answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format, meta={"equations": record.get("lEquations", [])},
-        )
+        return self.example(split, record["iIndex"], record["sQuestion"].strip(),
+                            canonical_number(record["lSolutions"][0]), {"equations": record.get("lEquations", [])})

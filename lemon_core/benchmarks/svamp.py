@@ -29,10 +29,8 @@ class SVAMP(NumericBenchmark):
                 "Type": row.get("Type", "")}
 
     def _example(self, record: dict[str, Any], split: str) -> Example:
-        return Example(
-            id=f"{self.name}/{split}/{record['ID']}", benchmark=self.name,
-            question=f"{record['Body'].strip()} {record['Question'].strip()}",
-            answer=canonical_number(record["Answer"]), answer_format=self.answer_format,
-            team_answer_format=self.team_answer_format,
-            meta={"equation": record.get("Equation", ""), "type": record.get("Type", "")},
+        return self.example(
+            split, record["ID"], f"{record['Body'].strip()} {record['Question'].strip()}",
+            canonical_number(record["Answer"]),
+            {"equation": record.get("Equation", ""), "type": record.get("Type", "")},
         )
