@@ -252,6 +252,15 @@ def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dic
     return out
 
 
+SWEEP_ROWS_SHOWN = 4  # the sweep's best candidates named in the report (all are in sft.json)
+
+
+def sweep_candidates_text(sweep: Mapping[str, Any], most: int = SWEEP_ROWS_SHOWN) -> str:
+    """The sweep's best candidates as ``name solved/n [95% CI] reward r``, best first (``teachers.sweep_report``)."""
+    return "; ".join(f"{c['candidate']} {c['solved']:g}/{c['n']} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}] "
+                     f"reward {c['mean_reward']:.3f}" for c in sweep.get("candidates", [])[:most])
+
+
 def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The SFT warm-up as (what, value) rows, from its ``sft.json``: what the teacher sweep taught and how
     valid the unconstrained orchestrator was after it - the first thing to read when the trained
@@ -267,6 +276,9 @@ def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
                  {"what": "sweep tasks / no candidate solved", "value": f"{sweep.get('tasks')} / "
                                                                        f"{sweep.get('fallback_tasks')}"},
                  {"what": "teachers' mean score", "value": rate(sweep.get("teacher_score"))}]
+        if sweep.get("candidates"):
+            rows.append({"what": "sweep: solved / tasks [95% CI], mean reward (best first)",
+                         "value": sweep_candidates_text(sweep)})
     ci = sft.get("valid_rate_after_ci")
     after = rate(sft.get("valid_rate_after")) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
     rows += [{"what": "valid-spec rate before \u2192 after (unconstrained)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from lemon_core import baselines
 from lemon_core.errors import ConfigError
 from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
+from lemon_core.report import sweep_candidates_text
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import Scorer, benchmark_scorer, parse_completion
 from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
@@ -314,10 +316,14 @@ def teacher_pairs(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, trai
         check_token_budget(policy, targets, cfg.rollout.max_new_tokens)
     if cfg.sft.teacher != "sweep":
         return pairs, None
-    choices = sweep_teachers(train_tasks, pool, cfg.sft.sweep, cfg.reward, scorer, cfg.seed, progress)
+    sweep = sweep_teachers(train_tasks, pool, cfg.sft.sweep, cfg.reward, scorer, cfg.seed, progress)
     by_id = {str(t.id): t for t in train_tasks}
-    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, cfg.spec_format)) for c in choices]
-    return pairs, sweep_report(choices)
+    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, cfg.spec_format)) for c in sweep.choices]
+    report = sweep_report(sweep)
+    if progress:  # what the choice was made from, in the stage's log (the HTML report has it too)
+        print(f"teacher sweep: taught {', '.join(report['taught'])}; measured {sweep_candidates_text(report)}",
+              file=sys.stderr, flush=True)
+    return pairs, report
 
 
 def sft_warmup(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, train_tasks: Sequence[Any],

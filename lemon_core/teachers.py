@@ -27,6 +27,7 @@ from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents, validate_spec
+from lemon_core.stats import wilson_interval
 
 SWEEP_TOPOLOGIES = ("cot", "chain", "sc")
 
@@ -73,6 +74,23 @@ class TeacherChoice(BaseModel):
     fallback: bool  # no candidate solved the task: the best-on-average candidate is taught
 
 
+class CandidateResult(BaseModel):
+    """One candidate over the swept tasks of one benchmark: what it solved and its mean training reward."""
+
+    benchmark: str
+    candidate: str
+    solved: float  # sum of scores (tasks solved, for 0/1 scores)
+    n: int
+    mean_reward: float
+
+
+class SweepResult(BaseModel):
+    """The teacher choices and every candidate's measured figures (what the choices were made from)."""
+
+    choices: list[TeacherChoice]
+    candidates: list[CandidateResult]  # per benchmark, best mean reward first
+
+
 def _cheap_helpers(spec: OrchestrationSpec, cheap: str, capable: str) -> OrchestrationSpec:
     agents = [AgentSpec.model_validate({**a.model_dump(), "capacity": capable if a.id == spec.output else cheap})
               for a in spec.agents]
@@ -97,8 +115,9 @@ def candidate_specs(pool: CapacityPool, cfg: SweepConfig) -> dict[str, Orchestra
 def sweep_teachers(
     tasks: Sequence[Any], pool: CapacityPool, cfg: SweepConfig, reward_cfg: RewardConfig, scorer: Any,
     seed: int = 0, progress: bool = False,
-) -> list[TeacherChoice]:
-    """Execute every candidate on every task; return each task's teacher choice (``cfg.select``)."""
+) -> SweepResult:
+    """Execute every candidate on every task; return each task's teacher choice (``cfg.select``) and
+    every candidate's solved count and mean reward per benchmark."""
     from lemon_core.progress import progress as progress_of
 
     candidates = candidate_specs(pool, cfg)
@@ -118,11 +137,13 @@ def sweep_teachers(
             score = float(scorer(trace.answer, task)) if trace.ok else 0.0
             rewards.setdefault(str(task.id), []).append((compute_reward(score, trace, reward_cfg).total, score))
     bar.close()
-    top_of_benchmark = {}
-    for bench in {t.benchmark for t in tasks}:
+    top_of_benchmark, measured = {}, []
+    for bench in sorted({t.benchmark for t in tasks}):
         mine = [t for t in tasks if t.benchmark == bench]
         mean = [statistics.fmean(rewards[str(t.id)][i][0] for t in mine) for i in range(len(names))]
         top_of_benchmark[bench] = _best_first(mean)[: cfg.teach_top]
+        measured += [CandidateResult(benchmark=bench, candidate=names[i], n=len(mine), mean_reward=mean[i],
+                                     solved=sum(rewards[str(t.id)][i][1] for t in mine)) for i in _best_first(mean)]
     choices = []
     for t in tasks:
         row = rewards[str(t.id)]
@@ -133,7 +154,7 @@ def sweep_teachers(
         picks = default if cfg.select == "per_benchmark" or fallback else own
         choices += [TeacherChoice(task_id=str(t.id), spec=candidates[names[i]], candidate=names[i],
                                   reward=row[i][0], score=row[i][1], fallback=fallback) for i in picks]
-    return choices
+    return SweepResult(choices=choices, candidates=measured)
 
 
 def _best_first(rewards: Sequence[float]) -> list[int]:
@@ -141,11 +162,16 @@ def _best_first(rewards: Sequence[float]) -> list[int]:
     return sorted(range(len(rewards)), key=lambda i: -rewards[i])
 
 
-def sweep_report(choices: Sequence[TeacherChoice]) -> dict[str, Any]:
-    """How often each candidate was taught, how many tasks fell back, the teachers' mean score."""
+def sweep_report(sweep: SweepResult) -> dict[str, Any]:
+    """How often each candidate was taught, how many tasks fell back, the teachers' mean score, and every
+    candidate's solved count with its 95% interval: on a few tasks two candidates' intervals overlap, and
+    the report should say that the choice between them was a coin the sweep could not see."""
+    choices = sweep.choices
     return {
         "tasks": len({c.task_id for c in choices}),
         "taught": dict(Counter(c.candidate for c in choices).most_common()),
         "fallback_tasks": len({c.task_id for c in choices if c.fallback}),
         "teacher_score": statistics.fmean(c.score for c in choices) if choices else 0.0,
+        "candidates": [{**c.model_dump(), "accuracy": c.solved / c.n, "ci": list(wilson_interval(c.solved, c.n))}
+                       for c in sweep.candidates],
     }

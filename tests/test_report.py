@@ -381,3 +381,20 @@ def test_the_sft_section_says_what_was_taught_and_how_valid_the_result_is() -> N
     assert templated["valid-spec rate before \u2192 after (unconstrained)"] == "- \u2192 - (n=0)"
     page = render_html([], images={}, tables={"SFT warm-up": sft_rows(sft)})
     assert "<h2>SFT warm-up</h2>" in page and "cot@large \u00d78" in page
+
+
+
+def test_the_sft_section_shows_the_sweep_candidates_solved_counts_with_intervals() -> None:
+    """The 2026-12-05 `make run` taught chain@large on 8 tasks; the report says what it beat and by how little."""
+    from lemon_core.report import SWEEP_ROWS_SHOWN, sft_rows
+
+    candidates = [{"candidate": f"c{i}", "solved": 8 - i, "n": 8, "mean_reward": 1.0 - i / 10,
+                   "ci": [0.1 * (8 - i) - 0.1, 0.1 * (8 - i) + 0.05]} for i in range(SWEEP_ROWS_SHOWN + 2)]
+    candidates[0].update(candidate="chain@large", solved=5, ci=[0.3057, 0.8632], mean_reward=0.6125)
+    sft = {"teacher": "sweep", "sweep": {"tasks": 8, "taught": {"chain@large": 8}, "fallback_tasks": 3,
+                                         "teacher_score": 0.5, "candidates": candidates}}
+    value = {r["what"]: r["value"] for r in sft_rows(sft)}["sweep: solved / tasks [95% CI], mean reward (best first)"]
+    assert value.startswith("chain@large 5/8 [0.31, 0.86] reward 0.613; c1 7/8")
+    assert value.count(";") == SWEEP_ROWS_SHOWN - 1  # the best few; sft.json keeps them all
+    older = {"teacher": "sweep", "sweep": {"tasks": 8, "taught": {"cot@large": 8}, "fallback_tasks": 5}}
+    assert not any(r["what"].startswith("sweep: solved") for r in sft_rows(older))  # an sft.json from before

@@ -140,3 +140,30 @@ def test_the_check_before_sft_can_be_skipped(
     assert ("valid-spec check before SFT" in err) is check_before
     assert (report.valid_rate_before is not None) is check_before
     assert report.valid_rate_after is not None and "valid-spec check after SFT round 1" in err
+
+
+def test_the_teacher_sweep_teaches_its_best_candidate_and_logs_what_it_measured(
+    policy: OrchestratorPolicy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sft.teacher: sweep` adds one SFT pair per task with the sweep's best spec, and the stage's log names
+    the taught candidate next to every close rival's solved count and interval (the choice was made from these)."""
+    from lemon_core.backends.simulated import register_examples
+    from lemon_core.benchmarks import Example
+    from lemon_core.config import TrainConfig
+    from lemon_core.rollout import benchmark_scorer
+    from lemon_core.sft import teacher_pairs
+
+    cfg = TrainConfig.from_yaml("train-tiny", model="unused", rollout={"max_new_tokens": 200, "check_budget": False},
+                                sft={"teacher": "sweep", "sweep": {"topologies": ["cot"], "max_tasks": 4}})
+    tasks = [Example(id=f"gsm8k/test/{i}", benchmark="gsm8k", question=f"Sam has {i} apples and buys 2. How many?",
+                     answer=str(i + 2), answer_format="Answer with a number.") for i in range(4)]
+    register_examples(tasks)
+    pairs, report = teacher_pairs(policy, cfg, POOL, tasks, benchmark_scorer, progress=True)
+    assert report is not None and sum(report["taught"].values()) == 4
+    taught = next(iter(report["taught"]))
+    assert report["candidates"][0]["candidate"] == taught  # the best mean reward is what is taught
+    assert [q for q, _ in pairs[-4:]] == [t.question for t in tasks]
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("teacher sweep: taught"))
+    assert line.startswith(f"teacher sweep: taught {taught}; measured {taught} ")
+    assert all(f"cot@{level} " in line for level in POOL.level_names)  # 3 candidates, all shown, with intervals
+    assert line.count("/4 [") == len(POOL.level_names)

@@ -33,23 +33,23 @@ def test_candidates_cover_every_level_and_cheap_helpers() -> None:
 def test_sweep_teaches_the_known_optimum_per_benchmark() -> None:
     pool = load_pool("simulated")
     reward = RewardConfig(lambda_cost=1.0)
-    multi = sweep_teachers(_tasks("multiarith", 12), pool, SweepConfig(), reward, benchmark_scorer)
-    gsm = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(), reward, benchmark_scorer)
+    multi = sweep_teachers(_tasks("multiarith", 12), pool, SweepConfig(), reward, benchmark_scorer).choices
+    gsm = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(), reward, benchmark_scorer).choices
     assert Counter(c.candidate for c in multi).most_common(1)[0][0] == "cot@small"
     assert len({c.candidate for c in gsm}) == 1  # one choice per benchmark: its best mean reward
     assert all(c.spec.agents[-1].capacity == "large" for c in gsm)  # the answer comes from `large` (0.85 vs 0.20)
     assert all(c.score > 0 for c in multi if not c.fallback)
-    lucky = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(select="per_task"), reward, benchmark_scorer)
+    lucky = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(select="per_task"), reward, benchmark_scorer).choices
     assert any(c.spec.agents[-1].capacity != "large" for c in lucky)  # per task, a lucky cheap answer wins
 
 
 def test_unsolvable_tasks_fall_back_to_the_best_mean_candidate() -> None:
     pool = load_pool("simulated")
-    choices = sweep_teachers(_tasks("multiarith", 4), pool, SweepConfig(topologies=["cot"]), RewardConfig(),
-                             lambda answer, task: 0.0)
-    assert all(c.fallback for c in choices)
-    assert {c.candidate for c in choices} == {"cot@small"}  # all wrong: the fewest, cheapest tokens win
-    report = sweep_report(choices)
+    sweep = sweep_teachers(_tasks("multiarith", 4), pool, SweepConfig(topologies=["cot"]), RewardConfig(),
+                           lambda answer, task: 0.0)
+    assert all(c.fallback for c in sweep.choices)
+    assert {c.candidate for c in sweep.choices} == {"cot@small"}  # all wrong: the fewest, cheapest tokens win
+    report = sweep_report(sweep)
     assert report["fallback_tasks"] == 4 and report["taught"] == {"cot@small": 4}
 
 
@@ -70,13 +70,31 @@ def test_teach_top_gives_each_task_the_best_candidates_in_order() -> None:
     pool = load_pool("simulated")
     reward = RewardConfig(lambda_cost=1.0)
     tasks = _tasks("gsm8k", 8)
-    one = sweep_teachers(tasks, pool, SweepConfig(), reward, benchmark_scorer)
-    top = sweep_teachers(tasks, pool, SweepConfig(teach_top=3), reward, benchmark_scorer)
+    one = sweep_teachers(tasks, pool, SweepConfig(), reward, benchmark_scorer).choices
+    top_sweep = sweep_teachers(tasks, pool, SweepConfig(teach_top=3), reward, benchmark_scorer)
+    top = top_sweep.choices
     assert len(top) == 3 * len(tasks)
     by_task: dict[str, list[str]] = {}
     for c in top:
         by_task.setdefault(c.task_id, []).append(c.candidate)
     assert all(len(set(names)) == 3 for names in by_task.values())
     assert {names[0] for names in by_task.values()} == {one[0].candidate}  # the best comes first, as with 1
-    report = sweep_report(top)
+    report = sweep_report(top_sweep)
     assert report["tasks"] == len(tasks) and sum(report["taught"].values()) == 3 * len(tasks)
+
+
+def test_the_sweep_report_gives_every_candidate_its_solved_count_interval_and_reward_best_first() -> None:
+    """What the teacher choice was made from: on 8 tasks a 5/8 and a 3/8 candidate have overlapping intervals,
+    and the report must show that rather than only the winner's name."""
+    pool = load_pool("simulated")
+    tasks = _tasks("gsm8k", 8)
+    sweep = sweep_teachers(tasks, pool, SweepConfig(), RewardConfig(lambda_cost=1.0), benchmark_scorer)
+    measured = sweep_report(sweep)["candidates"]
+    assert {c["candidate"] for c in measured} == set(candidate_specs(pool, SweepConfig()))
+    rewards = [c["mean_reward"] for c in measured]
+    assert rewards == sorted(rewards, reverse=True) and measured[0]["candidate"] == sweep.choices[0].candidate
+    for c in measured:
+        assert c["n"] == 8 and 0 <= c["solved"] <= 8 and c["accuracy"] == c["solved"] / 8
+        assert c["ci"][0] <= c["accuracy"] <= c["ci"][1]
+    solved = {c["candidate"]: c["solved"] for c in measured}
+    assert solved["cot@large"] > solved["cot@small"]  # the simulated pool's GSM8K levels: 0.90 vs 0.25
