@@ -75,6 +75,9 @@ def publish_decision(cfg: PipelineConfig, rows: Sequence[dict[str, Any]],
     decision.publish = True
     versus = f"served {served:.3f}" if served is not None else "nothing served yet"
     if decision.best_baseline:
-        versus += f"; best baseline {decision.best_baseline} {decision.best_baseline_value:.3f}"
+        best = decision.best_baseline_value or 0.0
+        versus += f"; best baseline {decision.best_baseline} {best:.3f}"
+        if cand < best:  # published, and the reader should see that it is below the baseline, not above it
+            versus += f", below it but not with confidence: 95% upper bound {cand_upper:.3f}"
     decision.reason = f"{metric} {cand:.3f} ({versus})"
     return decision

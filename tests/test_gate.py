@@ -27,7 +27,12 @@ def test_refuses_a_candidate_worse_than_the_best_baseline_beyond_its_interval() 
 
 def test_a_small_gap_inside_the_interval_or_the_margin_publishes() -> None:
     rows = [_row(ORCHESTRATOR, 0.60, n=60), _row("cot", 0.65, n=60)]
-    assert publish_decision(_cfg(), rows, None).publish  # 0.60's upper bound (~0.72) reaches 0.65
+    d = publish_decision(_cfg(), rows, None)
+    assert d.publish  # 0.60's upper bound (~0.72) reaches 0.65
+    assert d.reason == "accuracy 0.600 (nothing served yet; best baseline cot 0.650, below it but not with " \
+                       "confidence: 95% upper bound 0.714)"  # published, yet the reason says it is below
+    above = publish_decision(_cfg(), [_row(ORCHESTRATOR, 0.70), _row("cot", 0.65)], None)
+    assert above.publish and "below" not in above.reason
     few = [_row(ORCHESTRATOR, 0.40, n=200), _row("cot", 0.50, n=200)]
     assert not publish_decision(_cfg(), few, None).publish  # upper bound ~0.47 < 0.50
     assert publish_decision(_cfg(baseline_margin=0.05), few, None).publish
