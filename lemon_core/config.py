@@ -14,6 +14,7 @@ here, ``rollout``/``reward``/``grpo``/``sft`` live beside the code they configur
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -437,6 +438,23 @@ class PipelineConfig(BaseModel):
             raise ValueError(
                 f"train.pool is {self.train.pool!r} but simulated_pool is {self.simulated_pool}: the simulated "
                 "pool is a test environment, so a config must say `simulated_pool: true` to use it (and only then)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _training_sees_the_evaluated_caps(self) -> PipelineConfig:
+        """Warn when training measures agents under a tighter answer cap than evaluation does: the teacher
+        sweep and the rollout rewards then under-rate specs whose answers need the longer cap. In local-cpu
+        at 192 tokens, 7 of 11 lone `large` answers of the sweep and rollouts were cut before their final
+        line, and the sweep taught a solver + verifier chain (the verifier finished the cut answers) that
+        then lost to one solver under the evaluation's 384 (2026-12-05)."""
+        train_cap, eval_cap = self.train.agent_max_tokens, self.evaluate.agent_max_tokens
+        if train_cap is not None and (eval_cap is None or eval_cap > train_cap):
+            warnings.warn(
+                f"train.agent_max_tokens={train_cap} caps the teacher sweep's and the rollouts' agents below what "
+                f"evaluation gives them (evaluate.agent_max_tokens={eval_cap}; None is the pool's own caps), so "
+                "training under-rates specs whose answers need the longer cap; set both to the same value, or "
+                "train.agent_max_tokens: null", UserWarning, stacklevel=2,
             )
         return self
 

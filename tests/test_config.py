@@ -79,3 +79,22 @@ def test_every_config_field_has_a_description() -> None:
     walk(PipelineConfig, "")
     walk(ServeSettings, "serve.")
     assert not missing, f"config fields without a description: {missing}"
+
+
+def test_a_training_cap_tighter_than_the_evaluated_one_is_warned_about() -> None:
+    """The teacher sweep and the rollouts measure agents under train.agent_max_tokens; a tighter cap than
+    evaluation's cuts answers in training only and skews what is taught (local-cpu at 192, 2026-12-05)."""
+    import warnings
+
+    base = {"prepare": {"benchmarks": ["multiarith"]}}
+    with pytest.warns(UserWarning, match=r"train.agent_max_tokens=192 .*evaluate.agent_max_tokens=None"):
+        PipelineConfig.model_validate({**base, "train": {"agent_max_tokens": 192}})
+    with pytest.warns(UserWarning, match=r"evaluate.agent_max_tokens=384"):
+        PipelineConfig.model_validate({**base, "train": {"agent_max_tokens": 192},
+                                       "evaluate": {"agent_max_tokens": 384}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # equal caps, no training cap, and every shipped pipeline config: silent
+        PipelineConfig.model_validate({**base, "train": {"agent_max_tokens": 24}, "evaluate": {"agent_max_tokens": 24}})
+        PipelineConfig.model_validate(base)
+        for name in ("local-cpu", "local-tiny", "cluster-gpu"):
+            load_config(name)
