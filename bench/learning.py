@@ -22,7 +22,8 @@ Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2
 
     python bench/learning.py --skip sc3@large    # 64 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
                                                  # 670679d, 2026-12-05: SFT 2 rounds to a 0.906 valid rate, and
-                                                 # lemon-sft's chain@large specs take 2 agent calls each)
+                                                 # lemon-sft's chain@large specs take 2 agent calls each; at
+                                                 # e9ce37d lemon = lemon-sft = 0.600 vs cot@large 0.633)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
