@@ -256,9 +256,15 @@ SWEEP_ROWS_SHOWN = 4  # the sweep's best candidates named in the report (all are
 
 
 def sweep_candidates_text(sweep: Mapping[str, Any], most: int = SWEEP_ROWS_SHOWN) -> str:
-    """The sweep's best candidates as ``name solved/n [95% CI] reward r``, best first (``teachers.sweep_report``)."""
-    return "; ".join(f"{c['candidate']} {c['solved']:g}/{c['n']} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}] "
-                     f"reward {c['mean_reward']:.3f}" for c in sweep.get("candidates", [])[:most])
+    """The sweep's best candidates as ``name solved/n [95% CI] reward r ± se, $cost/task``, best first
+    (``teachers.sweep_report``; the standard error and cost are what the one-standard-error choice used)."""
+    def text(c: Mapping[str, Any]) -> str:
+        se = f" ± {c['reward_se']:.3f}" if "reward_se" in c else ""
+        cost = f", ${c['mean_cost']:.2e}/task" if "mean_cost" in c else ""
+        interval = f"[{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]"
+        return f"{c['candidate']} {c['solved']:g}/{c['n']} {interval} reward {c['mean_reward']:.3f}{se}{cost}"
+
+    return "; ".join(text(c) for c in sweep.get("candidates", [])[:most])
 
 
 def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -277,7 +283,7 @@ def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
                                                                        f"{sweep.get('fallback_tasks')}"},
                  {"what": "teachers' mean score", "value": rate(sweep.get("teacher_score"))}]
         if sweep.get("candidates"):
-            rows.append({"what": "sweep: solved / tasks [95% CI], mean reward (best first)",
+            rows.append({"what": "sweep: solved / tasks [95% CI], mean reward ± s.e., cost (best first)",
                          "value": sweep_candidates_text(sweep)})
     ci = sft.get("valid_rate_after_ci")
     after = rate(sft.get("valid_rate_after")) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")

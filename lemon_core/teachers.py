@@ -3,8 +3,18 @@
 For every training task a small sweep of candidate specs (the baseline topologies at each capacity
 level, plus "cheap helpers, capable output" assignments) is executed on the real pool, all at once and
 with the node cache on, and scored with the training reward. By default every task of a benchmark is
-taught the candidate with the best *mean* reward on that benchmark: a single draw per task rewards luck
-(a cheap agent that happens to be right once), which a policy cannot learn. ``select: per_task``
+taught one candidate chosen from the *mean* rewards on that benchmark: a single draw per task rewards luck
+(a cheap agent that happens to be right once), which a policy cannot learn.
+
+Which candidate: the cheapest (by the sweep's measured cost per task) whose mean reward is within
+``se_margin`` standard errors of the best mean reward: the one-standard-error rule of model selection
+(Breiman et al., *Classification and Regression Trees*, 1984; Hastie, Tibshirani & Friedman, *The
+Elements of Statistical Learning*, 2nd ed., sec. 7.10). On 8 tasks the best candidate's standard error is
+~0.16, so a candidate one task ahead (0.125) is not measurably better, and teaching it taught the real
+pool's `make run` a solver + verifier chain at twice CoT's price that then lost to CoT (6/8 vs 5/8 in the
+sweep; 17 vs 20 of 30 on the test problems). ``se_margin: 0`` teaches the best mean reward.
+
+``select: per_task``
 teaches each task its own best candidate instead; a task no candidate solves is then taught the
 benchmark's best, a sensible default rather than "cheapest when hopeless". ``sweep_report`` says how
 often each candidate was taught and what every candidate solved, with its 95% interval: the first thing
@@ -57,6 +67,11 @@ class SweepConfig(BaseModel):
         "on that benchmark (what a policy can learn: it cannot know which tasks a cheap agent solves by luck); "
         "per_task: each task its own best-reward candidate (tasks none solves get the benchmark's best)",
     )
+    se_margin: float = Field(
+        1.0, ge=0, description="teach the cheapest candidate (measured cost per task) whose mean reward is within "
+        "this many standard errors of the best mean reward (the one-standard-error rule: on a few tasks a candidate "
+        "one task ahead is not measurably better); 0 teaches the best mean reward whatever it costs",
+    )
     teach_top: int = Field(
         1, ge=1, description="teach each task this many of the best candidates (by the `select` rule), one SFT "
         "target each: 1 teaches one spec per benchmark and SFT collapses onto it, so every spec of a GRPO group is "
@@ -83,6 +98,8 @@ class CandidateResult(BaseModel):
     solved: float  # sum of scores (tasks solved, for 0/1 scores)
     n: int
     mean_reward: float
+    reward_se: float  # standard error of the mean reward over the n tasks
+    mean_cost: float  # USD per task at the pool's prices
 
 
 class SweepResult(BaseModel):
@@ -124,7 +141,7 @@ def sweep_teachers(
     candidates = candidate_specs(pool, cfg)
     names = list(candidates)
     tasks = list(tasks[: cfg.max_tasks] if cfg.max_tasks else tasks)
-    rewards: dict[str, list[tuple[float, float]]] = {}  # task id -> [(reward, score)] per candidate
+    rewards: dict[str, list[tuple[float, float, float]]] = {}  # task id -> [(reward, score, cost)] per candidate
     cache = ExecutionCache.for_pool(pool)
     # counted in agent calls, not tasks: the whole sweep is often one batch that runs for many minutes
     calls = len(tasks) * sum(len(spec.agents) for spec in candidates.values())
@@ -136,26 +153,47 @@ def sweep_teachers(
                                on_calls=lambda n: bar.update(n, cache_hits=cache.hits))
         for (task, _), trace in zip(jobs, traces, strict=True):
             score = float(scorer(trace.answer, task)) if trace.ok else 0.0
-            rewards.setdefault(str(task.id), []).append((compute_reward(score, trace, reward_cfg).total, score))
+            reward = compute_reward(score, trace, reward_cfg).total
+            rewards.setdefault(str(task.id), []).append((reward, score, trace.cost))
     bar.close()
     top_of_benchmark, measured = {}, []
     for bench in sorted({t.benchmark for t in tasks}):
         mine = [t for t in tasks if t.benchmark == bench]
-        mean = [statistics.fmean(rewards[str(t.id)][i][0] for t in mine) for i in range(len(names))]
-        top_of_benchmark[bench] = _best_first(mean)[: cfg.teach_top]
-        measured += [CandidateResult(benchmark=bench, candidate=names[i], n=len(mine), mean_reward=mean[i],
-                                     solved=sum(rewards[str(t.id)][i][1] for t in mine)) for i in _best_first(mean)]
+        results = [_candidate_result(bench, name, [rewards[str(t.id)][i] for t in mine])
+                   for i, name in enumerate(names)]
+        order = _best_first([r.mean_reward for r in results])
+        chosen = _cheapest_within_margin(results, cfg.se_margin)
+        top_of_benchmark[bench] = ([chosen] + [i for i in order if i != chosen])[: cfg.teach_top]
+        measured += [results[i] for i in order]
     choices = []
     for t in tasks:
         row = rewards[str(t.id)]
         default = top_of_benchmark[t.benchmark]
-        own = _best_first([r for r, _ in row])[: cfg.teach_top]
+        own = _best_first([r for r, _, _ in row])[: cfg.teach_top]
         # per_task: a task none of whose own top candidates solved it falls back to the benchmark's best
         fallback = row[own[0]][1] <= 0.0
         picks = default if cfg.select == "per_benchmark" or fallback else own
         choices += [TeacherChoice(task_id=str(t.id), spec=candidates[names[i]], candidate=names[i],
                                   reward=row[i][0], score=row[i][1], fallback=fallback) for i in picks]
     return SweepResult(choices=choices, candidates=measured)
+
+
+def _candidate_result(benchmark: str, candidate: str, runs: Sequence[tuple[float, float, float]]) -> CandidateResult:
+    """One candidate's (reward, score, cost) over a benchmark's swept tasks, summarised."""
+    rewards = [r for r, _, _ in runs]
+    se = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0
+    return CandidateResult(benchmark=benchmark, candidate=candidate, n=len(runs), reward_se=se,
+                           mean_reward=statistics.fmean(rewards), solved=sum(score for _, score, _ in runs),
+                           mean_cost=statistics.fmean(cost for _, _, cost in runs))
+
+
+def _cheapest_within_margin(results: Sequence[CandidateResult], se_margin: float) -> int:
+    """The one-standard-error rule: among the candidates whose mean reward is at least the best mean reward minus
+    ``se_margin`` of the best's standard errors, the cheapest (ties: the higher mean reward, then the earlier)."""
+    best = results[_best_first([r.mean_reward for r in results])[0]]
+    floor = best.mean_reward - se_margin * best.reward_se
+    near = [i for i, r in enumerate(results) if r.mean_reward >= floor]
+    return min(near, key=lambda i: (results[i].mean_cost, -results[i].mean_reward, i))
 
 
 def _best_first(rewards: Sequence[float]) -> list[int]:

@@ -393,8 +393,12 @@ def test_the_sft_section_shows_the_sweep_candidates_solved_counts_with_intervals
     candidates[0].update(candidate="chain@large", solved=5, ci=[0.3057, 0.8632], mean_reward=0.6125)
     sft = {"teacher": "sweep", "sweep": {"tasks": 8, "taught": {"chain@large": 8}, "fallback_tasks": 3,
                                          "teacher_score": 0.5, "candidates": candidates}}
-    value = {r["what"]: r["value"] for r in sft_rows(sft)}["sweep: solved / tasks [95% CI], mean reward (best first)"]
-    assert value.startswith("chain@large 5/8 [0.31, 0.86] reward 0.613; c1 7/8")
+    key = "sweep: solved / tasks [95% CI], mean reward \u00b1 s.e., cost (best first)"
+    value = {r["what"]: r["value"] for r in sft_rows(sft)}[key]
+    assert value.startswith("chain@large 5/8 [0.31, 0.86] reward 0.613; c1 7/8")  # an sft.json without s.e. or cost
     assert value.count(";") == SWEEP_ROWS_SHOWN - 1  # the best few; sft.json keeps them all
+    candidates[0].update(reward_se=0.1633, mean_cost=1.13e-4)
+    value = {r["what"]: r["value"] for r in sft_rows(sft)}[key]
+    assert value.startswith("chain@large 5/8 [0.31, 0.86] reward 0.613 \u00b1 0.163, $1.13e-04/task; c1 7/8")
     older = {"teacher": "sweep", "sweep": {"tasks": 8, "taught": {"cot@large": 8}, "fallback_tasks": 5}}
     assert not any(r["what"].startswith("sweep: solved") for r in sft_rows(older))  # an sft.json from before

@@ -10,7 +10,15 @@ from lemon_core.benchmarks import Example
 from lemon_core.pool import load_pool
 from lemon_core.reward import RewardConfig
 from lemon_core.rollout import benchmark_scorer
-from lemon_core.teachers import SweepConfig, candidate_specs, sweep_report, sweep_teachers
+from lemon_core.teachers import (
+    CandidateResult,
+    SweepConfig,
+    _candidate_result,
+    _cheapest_within_margin,
+    candidate_specs,
+    sweep_report,
+    sweep_teachers,
+)
 
 
 def _tasks(benchmark: str, n: int) -> list[Example]:
@@ -34,12 +42,14 @@ def test_sweep_teaches_the_known_optimum_per_benchmark() -> None:
     pool = load_pool("simulated")
     reward = RewardConfig(lambda_cost=1.0)
     multi = sweep_teachers(_tasks("multiarith", 12), pool, SweepConfig(), reward, benchmark_scorer).choices
-    gsm = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(), reward, benchmark_scorer).choices
+    best_mean = SweepConfig(se_margin=0)  # the best mean reward, however little it leads by
+    gsm = sweep_teachers(_tasks("gsm8k", 12), pool, best_mean, reward, benchmark_scorer).choices
     assert Counter(c.candidate for c in multi).most_common(1)[0][0] == "cot@small"
     assert len({c.candidate for c in gsm}) == 1  # one choice per benchmark: its best mean reward
     assert all(c.spec.agents[-1].capacity == "large" for c in gsm)  # the answer comes from `large` (0.85 vs 0.20)
     assert all(c.score > 0 for c in multi if not c.fallback)
-    lucky = sweep_teachers(_tasks("gsm8k", 12), pool, SweepConfig(select="per_task"), reward, benchmark_scorer).choices
+    lucky = sweep_teachers(_tasks("gsm8k", 12), pool, best_mean.model_copy(update={"select": "per_task"}), reward,
+                           benchmark_scorer).choices
     assert any(c.spec.agents[-1].capacity != "large" for c in lucky)  # per task, a lucky cheap answer wins
 
 
@@ -98,3 +108,47 @@ def test_the_sweep_report_gives_every_candidate_its_solved_count_interval_and_re
         assert c["ci"][0] <= c["accuracy"] <= c["ci"][1]
     solved = {c["candidate"]: c["solved"] for c in measured}
     assert solved["cot@large"] > solved["cot@small"]  # the simulated pool's GSM8K levels: 0.90 vs 0.25
+
+
+def _result(name: str, rewards: list[float], cost: float) -> CandidateResult:
+    return _candidate_result("multiarith", name, [(r, float(r > 0.5), cost) for r in rewards])
+
+
+def test_the_one_standard_error_rule_teaches_the_cheaper_of_two_candidates_the_sweep_cannot_tell_apart() -> None:
+    """The 2026-12-05 `make run` sweep: a solver + verifier chain solved 6 of 8 and CoT 5 of 8 at half the price.
+    One task is within one standard error (~0.16 on 8 tasks), so CoT is taught; a lead of three tasks is not."""
+    chain = _result("chain@large", [0.95] * 6 + [-0.03] * 2, cost=1.1e-4)
+    cot = _result("cot@large", [0.98] * 5 + [-0.01] * 3, cost=5.0e-5)
+    small = _result("cot@small", [0.99] * 1 + [-0.01] * 7, cost=9.0e-6)
+    assert 0.15 < chain.reward_se < 0.18 and chain.mean_reward > cot.mean_reward
+    results = [small, cot, chain]
+    assert results[_cheapest_within_margin(results, 1.0)].candidate == "cot@large"
+    assert results[_cheapest_within_margin(results, 0.0)].candidate == "chain@large"  # the best mean reward
+    far_ahead = _result("chain@large", [0.95] * 8, cost=1.1e-4)  # 8 of 8 vs 5 of 8: measurably better
+    assert [small, cot, far_ahead][_cheapest_within_margin([small, cot, far_ahead], 1.0)].candidate == "chain@large"
+    wide = 10.0  # a margin so wide that every candidate is "near": the cheapest of all
+    assert results[_cheapest_within_margin(results, wide)].candidate == "cot@small"
+
+
+def test_the_sweep_teaches_the_one_standard_error_choice_first_and_reports_its_figures() -> None:
+    """On the simulated GSM8K with 12 tasks, cot@large (expected reward ~0.61 at lambda_cost 1) leads the cheaper
+    `medium` candidates by less than its standard error (~0.09): the rule teaches a cheaper one, first in teach_top,
+    and the report carries every candidate's standard error and cost."""
+    pool = load_pool("simulated")
+    tasks = _tasks("gsm8k", 12)
+    reward = RewardConfig(lambda_cost=1.0)
+    sweep = sweep_teachers(tasks, pool, SweepConfig(teach_top=2), reward, benchmark_scorer)
+    chosen = _cheapest_within_margin(sweep.candidates, SweepConfig().se_margin)
+    by_task: dict[str, list[str]] = {}
+    for c in sweep.choices:
+        by_task.setdefault(c.task_id, []).append(c.candidate)
+    assert {names[0] for names in by_task.values()} == {sweep.candidates[chosen].candidate}
+    assert all(names[1] == sweep.candidates[0].candidate for names in by_task.values())  # then the best mean reward
+    best = sweep.candidates[0]
+    assert best.candidate == "cot@large" and sweep.candidates[chosen].candidate != best.candidate
+    assert sweep.candidates[chosen].mean_reward >= best.mean_reward - best.reward_se
+    assert sweep.candidates[chosen].mean_cost <= best.mean_cost
+    measured = sweep_report(sweep)["candidates"]
+    assert all(c["reward_se"] >= 0 and c["mean_cost"] > 0 for c in measured)
+    costs = {c["candidate"]: c["mean_cost"] for c in measured}
+    assert costs["cot@small"] < costs["cot@large"] < costs["chain@large"]
