@@ -244,12 +244,28 @@ def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dic
             "benchmark": bench,
             "method": method,
             "valid specs": f"{st['examples'] - st['invalid']}/{st['examples']}",
+            "same spec as a baseline": same_spec_as_baseline(records, traces, bench),
             "capacity levels (share of agents)": _shares(st["capacity_share"], 1.0),
             "agents per spec": _shares(st["agent_counts"]),
             "mean agents": st["mean_agents"],
             "topologies": _shares(st["topologies"]),
         })
     return out
+
+
+def same_spec_as_baseline(records: Sequence[Mapping[str, Any]], traces: Traces, bench: str) -> str:
+    """On how many examples the orchestrator executed exactly a baseline's spec (the baseline with the most):
+    an orchestrator that scores what a baseline scores has often just learned to write that baseline, and the
+    report should say so rather than let the tie read as a team that happens to match it."""
+    best, most = "", 0
+    for (other_bench, method), base in sorted(traces.items()):
+        if other_bench != bench or is_orchestrator(method):
+            continue
+        spec_of = {r["id"]: r.get("spec") for r in base}
+        same = sum(1 for r in records if r.get("spec") and spec_of.get(r["id"]) == r["spec"])
+        if same > most:
+            best, most = method, same
+    return f"{best} {most}/{len(records)}" if most else "none"
 
 
 SWEEP_ROWS_SHOWN = 4  # the sweep's best candidates named in the report (all are in sft.json)

@@ -192,6 +192,22 @@ def test_choice_stats_count_levels_agents_and_topologies() -> None:
     assert empty["invalid"] == 1 and empty["mean_agents"] is None and empty["capacity_share"] == {}
 
 
+def test_the_choice_table_says_how_often_the_orchestrator_wrote_a_baselines_very_spec() -> None:
+    """The 2026-12-05 `make run`: lemon 0.667 = CoT 0.667 because all 30 specs were CoT's; the table says so."""
+    from lemon_core.report import choice_rows
+
+    _, traces = demo_run()
+    traces["gsm8k", "cot"] = [trace_record(i, cot("small"), 0.0) for i in range(4)]
+    traces["gsm8k", "chain"] = [trace_record(i, chain("medium"), 0.0) for i in range(4)]
+    traces["svamp", "cot"] = [trace_record(i, FOUR_AGENTS, 0.0) for i in range(4)]  # another benchmark: not compared
+    rows = {r["method"]: r for r in choice_rows(traces, LEVELS)}
+    assert set(rows) == {"lemon", "lemon-sft"}
+    assert rows["lemon"]["same spec as a baseline"] == "cot 1/4"  # q1 is cot(small); q0 and q3 are its own teams
+    assert rows["lemon-sft"]["same spec as a baseline"] == "chain 1/4"  # q3; its cot(large) on q0 is not cot(small)
+    traces["gsm8k", "cot"][1] = trace_record(1, cot("large"), 0.0)
+    assert {r["method"]: r for r in choice_rows(traces, LEVELS)}["lemon"]["same spec as a baseline"] == "none"
+
+
 def test_pick_examples_shows_a_correct_a_wrong_and_an_invalid_one() -> None:
     _, traces = demo_run()
     picked = pick_examples(traces["gsm8k", "lemon"], 3)
