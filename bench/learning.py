@@ -20,13 +20,15 @@ the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/lear
 ``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>
 cost_ratio_with_orchestrator=<(lemon $/ex + its orchestrator's call) / cot@large $/ex>``: the rows' $/ex count
 agent calls, and lemon also pays for writing the spec (its prompt and spec, priced at the pool level that serves
-the orchestrator's base model; on the CPU pool ~400 tokens at `small`'s price, about a quarter of a CoT@large call).
+the orchestrator's base model; on the CPU pool ~450 tokens at `small`'s price, about 30% of a CoT@large call).
+Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row says on how many examples its spec
+was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py --skip sc3@large    # 64 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
-                                                 # 670679d, 2026-12-05: SFT 2 rounds to a 0.906 valid rate, and
-                                                 # lemon-sft's chain@large specs take 2 agent calls each; at
-                                                 # e9ce37d lemon = lemon-sft = 0.600 vs cot@large 0.633)
+    python bench/learning.py --skip sc3@large    # 56 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
+                                                 # d39fbb9, 2026-12-05: the sweep taught cot@large; lemon =
+                                                 # lemon-sft = grpo-only 0.617 vs cot@large 0.633, ratio 0.974,
+                                                 # cost_ratio 0.999, 1.305 with the orchestrator's own call)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
@@ -53,7 +55,7 @@ from lemon_core.checkpoint import save_model_dir  # noqa: E402
 from lemon_core.config import TrainConfig  # noqa: E402
 from lemon_core.evaluate import evaluate, evaluate_orchestrator  # noqa: E402
 from lemon_core.executor import ExecutionCache  # noqa: E402
-from lemon_core.report import choice_stats, plot_pareto  # noqa: E402
+from lemon_core.report import choice_stats, plot_pareto, same_spec_as_baseline  # noqa: E402
 from lemon_core.spec import OrchestrationSpec  # noqa: E402
 from lemon_core.train import (  # noqa: E402
     build_state,
@@ -178,11 +180,15 @@ def main() -> None:
     baselines = {"cot@small": cot(levels[0]), "cot@large": cot(levels[-1]),
                  "sc3@large": self_consistency(levels[-1], 3)}
     t_all = time.perf_counter()
+    traces: dict[tuple[str, str], list[dict[str, Any]]] = {}  # the baselines' records, to compare specs with
 
     def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float, policy: Any = None) -> None:
         r = row(summary, records, levels, time.perf_counter() - t0)
         if policy is not None:
             r |= orchestrator_cost(policy, pool, test, records, cfg.model)
+            r["same_spec_as_baseline"] = same_spec_as_baseline(records, traces, bench.name)
+        else:
+            traces[bench.name, method] = records
         rows.append(r)
         # written after every method: a run stopped part-way keeps what it measured
         saved.write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
@@ -192,11 +198,13 @@ def main() -> None:
               f"mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
               f"({r['method_wall_s']:.0f} s)"
               + (f"  orchestrator: {r['orchestrator_tokens']:.0f} tokens/ex, $/ex={r['orchestrator_cost_usd']:.2e} "
-                 f"at {r['orchestrator_level']}'s price" if "orchestrator_cost_usd" in r else ""), flush=True)
+                 f"at {r['orchestrator_level']}'s price" if "orchestrator_cost_usd" in r else "")
+              + (f"  same spec as {r['same_spec_as_baseline']}" if "same_spec_as_baseline" in r else ""), flush=True)
 
     def baseline(name: str, spec: Any) -> None:
         t0 = time.perf_counter()
-        summary, records = evaluate(bench, test, spec, pool, method=name, progress=False, cache=cache)
+        summary, records = evaluate(bench, test, spec, pool, method=name, progress=False, cache=cache,
+                                    out_dir=out / "traces" / name)
         record(name, summary, records, t0)
 
     if args.only is not None:
@@ -217,7 +225,7 @@ def main() -> None:
     summary, records = evaluate_orchestrator(constrain(policy, cfg, levels), pool, test, benchmark=bench,
                                              method="lemon-sft",
                                              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
-                                             progress=False, cache=cache)
+                                             progress=False, cache=cache, out_dir=out / "traces" / "lemon-sft")
     record("lemon-sft", summary, records, t0, policy)
     del policy
 
@@ -228,7 +236,7 @@ def main() -> None:
         state = train_arm(arm_cfg, sft_dir, train, args.iterations)
         summary, records = evaluate_orchestrator(state.policy, state.pool, test, benchmark=bench, method=name,
                                                  max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
-                                                 progress=False, cache=cache)
+                                                 progress=False, cache=cache, out_dir=out / "traces" / name)
         record(name, summary, records, t0, state.policy)
         close_state(state)
     if "sc3@large" not in args.skip:

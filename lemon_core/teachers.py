@@ -14,9 +14,8 @@ Elements of Statistical Learning*, 2nd ed., sec. 7.10). On 8 tasks the best cand
 pool's `make run` a solver + verifier chain at twice CoT's price that then lost to CoT (6/8 vs 5/8 in the
 sweep; 17 vs 20 of 30 on the test problems). ``se_margin: 0`` teaches the best mean reward.
 
-``select: per_task``
-teaches each task its own best candidate instead; a task no candidate solves is then taught the
-benchmark's best, a sensible default rather than "cheapest when hopeless". ``sweep_report`` says how
+``select: per_task`` teaches each task its own best candidate instead; a task no candidate solves is then
+taught the benchmark's choice, a sensible default rather than "cheapest when hopeless". ``sweep_report`` says how
 often each candidate was taught and what every candidate solved, with its 95% interval: the first thing
 to read when SFT alone beats or loses to a baseline (on 8 tasks, 5/8 and 3/8 are not told apart).
 
@@ -159,10 +158,10 @@ def sweep_teachers(
     top_of_benchmark, measured = {}, []
     for bench in sorted({t.benchmark for t in tasks}):
         mine = [t for t in tasks if t.benchmark == bench]
-        results = [_candidate_result(bench, name, [rewards[str(t.id)][i] for t in mine])
+        results = [candidate_result(bench, name, [rewards[str(t.id)][i] for t in mine])
                    for i, name in enumerate(names)]
         order = _best_first([r.mean_reward for r in results])
-        chosen = _cheapest_within_margin(results, cfg.se_margin)
+        chosen = cheapest_within_margin(results, cfg.se_margin)
         top_of_benchmark[bench] = ([chosen] + [i for i in order if i != chosen])[: cfg.teach_top]
         measured += [results[i] for i in order]
     choices = []
@@ -178,7 +177,7 @@ def sweep_teachers(
     return SweepResult(choices=choices, candidates=measured)
 
 
-def _candidate_result(benchmark: str, candidate: str, runs: Sequence[tuple[float, float, float]]) -> CandidateResult:
+def candidate_result(benchmark: str, candidate: str, runs: Sequence[tuple[float, float, float]]) -> CandidateResult:
     """One candidate's (reward, score, cost) over a benchmark's swept tasks, summarised."""
     rewards = [r for r, _, _ in runs]
     se = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0
@@ -187,7 +186,7 @@ def _candidate_result(benchmark: str, candidate: str, runs: Sequence[tuple[float
                            mean_cost=statistics.fmean(cost for _, _, cost in runs))
 
 
-def _cheapest_within_margin(results: Sequence[CandidateResult], se_margin: float) -> int:
+def cheapest_within_margin(results: Sequence[CandidateResult], se_margin: float) -> int:
     """The one-standard-error rule: among the candidates whose mean reward is at least the best mean reward minus
     ``se_margin`` of the best's standard errors, the cheapest (ties: the higher mean reward, then the earlier)."""
     best = results[_best_first([r.mean_reward for r in results])[0]]

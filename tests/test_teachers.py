@@ -13,9 +13,9 @@ from lemon_core.rollout import benchmark_scorer
 from lemon_core.teachers import (
     CandidateResult,
     SweepConfig,
-    _candidate_result,
-    _cheapest_within_margin,
+    candidate_result,
     candidate_specs,
+    cheapest_within_margin,
     sweep_report,
     sweep_teachers,
 )
@@ -111,7 +111,7 @@ def test_the_sweep_report_gives_every_candidate_its_solved_count_interval_and_re
 
 
 def _result(name: str, rewards: list[float], cost: float) -> CandidateResult:
-    return _candidate_result("multiarith", name, [(r, float(r > 0.5), cost) for r in rewards])
+    return candidate_result("multiarith", name, [(r, float(r > 0.5), cost) for r in rewards])
 
 
 def test_the_one_standard_error_rule_teaches_the_cheaper_of_two_candidates_the_sweep_cannot_tell_apart() -> None:
@@ -122,12 +122,12 @@ def test_the_one_standard_error_rule_teaches_the_cheaper_of_two_candidates_the_s
     small = _result("cot@small", [0.99] * 1 + [-0.01] * 7, cost=9.0e-6)
     assert 0.15 < chain.reward_se < 0.18 and chain.mean_reward > cot.mean_reward
     results = [small, cot, chain]
-    assert results[_cheapest_within_margin(results, 1.0)].candidate == "cot@large"
-    assert results[_cheapest_within_margin(results, 0.0)].candidate == "chain@large"  # the best mean reward
+    assert results[cheapest_within_margin(results, 1.0)].candidate == "cot@large"
+    assert results[cheapest_within_margin(results, 0.0)].candidate == "chain@large"  # the best mean reward
     far_ahead = _result("chain@large", [0.95] * 8, cost=1.1e-4)  # 8 of 8 vs 5 of 8: measurably better
-    assert [small, cot, far_ahead][_cheapest_within_margin([small, cot, far_ahead], 1.0)].candidate == "chain@large"
+    assert [small, cot, far_ahead][cheapest_within_margin([small, cot, far_ahead], 1.0)].candidate == "chain@large"
     wide = 10.0  # a margin so wide that every candidate is "near": the cheapest of all
-    assert results[_cheapest_within_margin(results, wide)].candidate == "cot@small"
+    assert results[cheapest_within_margin(results, wide)].candidate == "cot@small"
 
 
 def test_the_sweep_teaches_the_one_standard_error_choice_first_and_reports_its_figures() -> None:
@@ -138,7 +138,7 @@ def test_the_sweep_teaches_the_one_standard_error_choice_first_and_reports_its_f
     tasks = _tasks("gsm8k", 12)
     reward = RewardConfig(lambda_cost=1.0)
     sweep = sweep_teachers(tasks, pool, SweepConfig(teach_top=2), reward, benchmark_scorer)
-    chosen = _cheapest_within_margin(sweep.candidates, SweepConfig().se_margin)
+    chosen = cheapest_within_margin(sweep.candidates, SweepConfig().se_margin)
     by_task: dict[str, list[str]] = {}
     for c in sweep.choices:
         by_task.setdefault(c.task_id, []).append(c.candidate)
