@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -73,6 +72,7 @@ from lemon_core.pool import load_pool  # noqa: E402
 from lemon_core.reward import RewardConfig, compute_reward  # noqa: E402
 from lemon_core.rollout import RolloutRecord, read_records  # noqa: E402
 from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
+from lemon_core.stats import standard_error  # noqa: E402
 from lemon_core.train import TrainConfig, train  # noqa: E402
 
 LEVELS = ("small", "medium", "large")
@@ -176,7 +176,7 @@ def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
     m = statistics.fmean(values)
-    return m, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan"))
+    return m, (standard_error(values) if len(values) > 1 else float("nan"))
 
 
 def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,

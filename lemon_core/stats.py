@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -20,13 +21,20 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of a mean, s/√n with the sample standard deviation (n - 1); 0 for n < 2."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
+
+
 def mean_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
     """Normal-approximation interval of a mean (mean ± z·s/√n); the mean itself for n < 2."""
     n = len(values)
     if n == 0:
         return 0.0, 0.0
     mean = sum(values) / n
-    if n < 2:
-        return mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
+    se = standard_error(values)
+    return mean - z * se, mean + z * se

@@ -37,7 +37,7 @@ from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents, validate_spec
-from lemon_core.stats import wilson_interval
+from lemon_core.stats import standard_error, wilson_interval
 
 SWEEP_TOPOLOGIES = ("cot", "chain", "sc")
 
@@ -62,9 +62,9 @@ class SweepConfig(BaseModel):
     batch_size: int = Field(16, ge=1, description="tasks executed together (every candidate of a task at once)")
     select: Literal["per_benchmark", "per_task"] = Field(
         "per_benchmark",
-        description="per_benchmark: every task of a benchmark is taught the candidate with the best mean reward "
-        "on that benchmark (what a policy can learn: it cannot know which tasks a cheap agent solves by luck); "
-        "per_task: each task its own best-reward candidate (tasks none solves get the benchmark's best)",
+        description="per_benchmark: every task of a benchmark is taught one candidate chosen from the mean rewards "
+        "on that benchmark (`se_margin`; what a policy can learn: it cannot know which tasks a cheap agent solves by "
+        "luck); per_task: each task its own best-reward candidate (tasks none solves get the benchmark's choice)",
     )
     se_margin: float = Field(
         1.0, ge=0, description="teach the cheapest candidate (measured cost per task) whose mean reward is within "
@@ -72,7 +72,8 @@ class SweepConfig(BaseModel):
         "one task ahead is not measurably better); 0 teaches the best mean reward whatever it costs",
     )
     teach_top: int = Field(
-        1, ge=1, description="teach each task this many of the best candidates (by the `select` rule), one SFT "
+        1, ge=1, description="teach each task this many candidates (by the `select` rule: per benchmark the "
+        "`se_margin` choice first, then the best mean rewards), one SFT "
         "target each: 1 teaches one spec per benchmark and SFT collapses onto it, so every spec of a GRPO group is "
         "the same and no advantage is left to learn from; 2-3 keep the SFT policy spread over the good choices",
     )
@@ -169,7 +170,7 @@ def sweep_teachers(
         row = rewards[str(t.id)]
         default = top_of_benchmark[t.benchmark]
         own = _best_first([r for r, _, _ in row])[: cfg.teach_top]
-        # per_task: a task none of whose own top candidates solved it falls back to the benchmark's best
+        # per_task: a task none of whose own top candidates solved it falls back to the benchmark's choice
         fallback = row[own[0]][1] <= 0.0
         picks = default if cfg.select == "per_benchmark" or fallback else own
         choices += [TeacherChoice(task_id=str(t.id), spec=candidates[names[i]], candidate=names[i],
@@ -180,8 +181,7 @@ def sweep_teachers(
 def candidate_result(benchmark: str, candidate: str, runs: Sequence[tuple[float, float, float]]) -> CandidateResult:
     """One candidate's (reward, score, cost) over a benchmark's swept tasks, summarised."""
     rewards = [r for r, _, _ in runs]
-    se = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0
-    return CandidateResult(benchmark=benchmark, candidate=candidate, n=len(runs), reward_se=se,
+    return CandidateResult(benchmark=benchmark, candidate=candidate, n=len(runs), reward_se=standard_error(rewards),
                            mean_reward=statistics.fmean(rewards), solved=sum(score for _, score, _ in runs),
                            mean_cost=statistics.fmean(cost for _, _, cost in runs))
 

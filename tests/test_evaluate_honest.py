@@ -15,7 +15,7 @@ from lemon_core.evaluate import InvalidSpec, evaluate, evaluate_orchestrator, tr
 from lemon_core.executor import execute_specs
 from lemon_core.pool import load_pool
 from lemon_core.prompts import spec_completion
-from lemon_core.stats import wilson_interval
+from lemon_core.stats import mean_interval, standard_error, wilson_interval
 
 
 def _examples(n: int) -> list[Example]:
@@ -51,6 +51,14 @@ class _ScriptedPolicy:
             text, finished = self.outputs.pop(0)
             out.append([_Sample(p, [5], text, [0.0], [(0, len(text))], finished)])
         return out
+
+
+def test_standard_error_and_mean_interval_by_hand() -> None:
+    # [1, 0, 0, 0]: mean 0.25, sample sd sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5, s.e. 0.5 / 2 = 0.25
+    assert standard_error([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert standard_error([0.7]) == 0.0 and standard_error([]) == 0.0
+    assert mean_interval([1.0, 0.0, 0.0, 0.0]) == pytest.approx((0.25 - 1.96 * 0.25, 0.25 + 1.96 * 0.25))
+    assert mean_interval([0.7]) == (0.7, 0.7)
 
 
 def test_wilson_interval_by_hand() -> None:
