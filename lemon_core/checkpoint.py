@@ -19,6 +19,7 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
+from lemon_core.prompts import write_prompt_settings
 from lemon_core.storage import atomic_path, is_temporary, write_atomic
 
 LATEST = "latest"
@@ -41,6 +42,7 @@ def save_model_dir(
         else:
             policy.model.save_pretrained(tmp, safe_serialization=True)
         policy.tokenizer.save_pretrained(tmp)
+        write_prompt_settings(tmp, policy.prompt_settings)  # every later loader prompts it as it was trained
         if extra is not None:
             extra(tmp)
 

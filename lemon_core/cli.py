@@ -114,17 +114,19 @@ def _eval_orchestrator(orchestrator: str, train_config: str | None, benchmark: s
     from lemon_core.evaluate import evaluate_orchestrator
     from lemon_core.train import constrain, load_policy
 
+    explicit = None  # the prompt settings the config names; a fallback config names none of them
     if train_config is None:
         beside = [p / "config.json" for p in Path(orchestrator).resolve().parents[:2]]
         found = next((p for p in beside if p.is_file()), None)
         train_config = str(found) if found else "train-cpu"
+        explicit = None if found else ()  # the model's own prompt record, where it has one, decides
     if train_config.endswith(".json"):
         cfg = TrainConfig.model_validate_json(Path(train_config).read_text())
     else:
         cfg = TrainConfig.from_yaml(train_config)
     bench = get_benchmark(benchmark)
     examples = bench.load(split or bench.default_split, limit=limit, data_dir=data_dir)
-    policy = constrain(load_policy(cfg, orchestrator), cfg, pool.level_names)
+    policy = constrain(load_policy(cfg, orchestrator, explicit=explicit), cfg, pool.level_names)
     out_dir = out / f"{benchmark}-{ORCHESTRATOR}"
     summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, method=ORCHESTRATOR,
                                        split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size,

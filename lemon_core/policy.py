@@ -33,10 +33,12 @@ from lemon_core.lora import merged_lora_state
 from lemon_core.pool import CapacityPool
 from lemon_core.prompts import (  # noqa: F401 - re-exported: the policy's prompt is part of its API
     SPEC_FORMATS,
+    PromptSettings,
     SpecFormat,
     _check_format,
     orchestrator_messages,
     spec_completion,
+    write_prompt_settings,
 )
 from lemon_core.spec import OrchestrationSpec
 from lemon_core.storage import atomic_path
@@ -215,6 +217,12 @@ class OrchestratorPolicy:
         )
 
     # --- prompts ----------------------------------------------------------------------------------
+    @property
+    def prompt_settings(self) -> PromptSettings:
+        """How this policy is prompted; saved beside its weights (checkpoint.save_model_dir)."""
+        return PromptSettings(include_roles=self.include_roles, include_format=self.include_format,
+                              spec_format=self.spec_format)
+
     def prompt_ids(self, question: str, pool: CapacityPool) -> list[int]:
         msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format, self.spec_format)
         ids = self.tokenizer.apply_chat_template(
@@ -391,6 +399,7 @@ class OrchestratorPolicy:
             else:
                 self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
+            write_prompt_settings(tmp, self.prompt_settings)
         return final
 
     def export_adapter(self, dest: str | Path) -> Path:
@@ -402,6 +411,7 @@ class OrchestratorPolicy:
         with atomic_path(final, directory=True) as tmp:
             self.model.save_pretrained(tmp, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)  # self-contained, like a checkpoint: loads with transformers too
+            write_prompt_settings(tmp, self.prompt_settings)
         return final
 
     def sync_sampler(self, model_dir: str | Path) -> None:

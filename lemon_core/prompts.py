@@ -18,7 +18,12 @@ solver, whether or not its answer is the team's (bench/solver_prompt.py).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Collection
+from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
@@ -51,6 +56,58 @@ ORCHESTRATOR_FORMAT_JSON = (
     "The example only shows the format: choose the agents and each one's capacity for the task below "
     "(a capable level costs more; a wrong answer is worth nothing)."
 )
+
+
+PROMPT_SETTINGS_FILE = "lemon_prompt.json"
+
+
+class PromptSettings(BaseModel):
+    """How an orchestrator model is prompted. A model must be asked the way it was trained, so these are written
+    beside its weights (``PROMPT_SETTINGS_FILE``, by ``checkpoint.save_model_dir``) and read back by every loader:
+    training stages, ``lemon eval --orchestrator`` and the service (``settings_for_model``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_roles: bool = True
+    include_format: bool = True
+    spec_format: SpecFormat = "yaml"
+
+
+def write_prompt_settings(folder: str | Path, settings: PromptSettings) -> None:
+    (Path(folder) / PROMPT_SETTINGS_FILE).write_text(settings.model_dump_json(indent=2) + "\n")
+
+
+def read_prompt_settings(folder: str | Path) -> PromptSettings | None:
+    """The prompt settings a model folder was trained with; None where it has no record (a base model)."""
+    path = Path(folder) / PROMPT_SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return PromptSettings.model_validate(json.loads(path.read_text()))
+    except (ValueError, ValidationError) as e:
+        raise ValueError(f"{path}: not a prompt-settings record ({str(e).splitlines()[0]}); lemon writes it when "
+                         "a model is saved: restore it, or delete it to prompt with your own settings") from None
+
+
+def settings_for_model(folder: str | Path, requested: PromptSettings, explicit: Collection[str],
+                       where: str = "the config") -> PromptSettings:
+    """The prompt settings to use for the model in ``folder``: its recorded ones, else ``requested``.
+
+    A setting the caller chose explicitly (named in ``explicit``, e.g. pydantic's ``model_fields_set``) that
+    differs from the record is an error, not a silent override: the model would be asked in a prompt it was never
+    trained on. Settings the caller left at their defaults take the record's values.
+    """
+    record = read_prompt_settings(folder)
+    if record is None:
+        return requested
+    conflicts = [f for f in PromptSettings.model_fields
+                 if f in explicit and getattr(requested, f) != getattr(record, f)]
+    if conflicts:
+        said = ", ".join(f"{f}={getattr(requested, f)!r}" for f in conflicts)
+        trained = ", ".join(f"{f}: {json.dumps(getattr(record, f))}" for f in conflicts)
+        raise ValueError(f"{where} sets {said}, but the model in {folder} was trained with {trained} "
+                         f"({PROMPT_SETTINGS_FILE}); set {trained} or leave it out to use the model's own")
+    return record
 
 
 def _check_format(spec_format: str) -> None:

@@ -30,7 +30,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,13 @@ from lemon_core.checkpoint import latest_checkpoint, restore_training_state, sav
 from lemon_core.config import TrainConfig, resolve_dtype
 from lemon_core.counterfactual import EditFamily, EditFamilySampler
 from lemon_core.dist import Replicate, Strategy, all_gather, barrier, make_strategy, world
+from lemon_core.errors import ConfigError
 from lemon_core.evaluate import evaluate, write_specs
 from lemon_core.lora import apply_lora
 from lemon_core.models import resolve_model
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool, load_pool
+from lemon_core.prompts import PromptSettings, settings_for_model
 from lemon_core.rollout import (
     RolloutRecord,
     RolloutStats,
@@ -98,12 +100,23 @@ def step_seed(cfg: TrainConfig, step: int, salt: int = 0) -> int:
 
 
 # --- loading --------------------------------------------------------------------------------------
-def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None) -> OrchestratorPolicy:
-    """The policy at ``name_or_path`` with ``cfg``'s prompt settings (roles, format, spec_format) and
-    dtype: every stage loads it this way, so all of them prompt it exactly as it was trained."""
+def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None,
+                explicit: Collection[str] | None = None) -> OrchestratorPolicy:
+    """The policy at ``name_or_path`` and its prompt settings (roles, format, spec_format), with ``cfg``'s
+    dtype: every stage loads it this way, so all of them prompt it exactly as it was trained. A saved model's
+    own record (``prompts.PROMPT_SETTINGS_FILE``) wins over ``cfg``'s defaults, and a setting ``cfg`` names
+    that contradicts it is an error (``explicit``: the settings ``cfg`` names, default its fields set); a base
+    model gets ``cfg``'s settings."""
+    asked = PromptSettings(include_roles=cfg.include_roles, include_format=cfg.include_format,
+                           spec_format=cfg.spec_format)
+    named = cfg.model_fields_set if explicit is None else explicit
+    try:
+        prompt = settings_for_model(resolve_model(name_or_path), asked, named, "the train config")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     policy = OrchestratorPolicy.load(
-        name_or_path, device or cfg.device, resolve_dtype(cfg), cfg.include_roles, cfg.include_format,
-        cfg.spec_format,
+        name_or_path, device or cfg.device, resolve_dtype(cfg), prompt.include_roles, prompt.include_format,
+        prompt.spec_format,
     )  # fmt: skip
     policy.logprob_mode, policy.logprob_chunk_tokens = cfg.optim.logprob_mode, cfg.optim.logprob_chunk_tokens
     return policy

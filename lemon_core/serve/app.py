@@ -37,7 +37,14 @@ from lemon_core.pool import CapacityPool, load_pool
 from lemon_core.serve.auth import TokenAuth
 from lemon_core.serve.batcher import MicroBatcher, ShuttingDown
 from lemon_core.serve.limits import AuthGate, BodySizeLimit, ConcurrencyLimiter, error_body
-from lemon_core.serve.orchestrator import Job, JobResult, Orchestrator, make_orchestrator_backend, run_jobs
+from lemon_core.serve.orchestrator import (
+    Job,
+    JobResult,
+    Orchestrator,
+    make_orchestrator_backend,
+    run_jobs,
+    with_model_prompt,
+)
 from lemon_core.serve.settings import ServeSettings
 
 log = logging.getLogger("lemon.serve")
@@ -161,6 +168,8 @@ class Service:
             return
         for name in self.pool.level_names:
             self.pool.backend(name)
+        if self._given_backend is None:
+            self.settings = with_model_prompt(self.settings)  # prompted as it was trained
         backend = self._given_backend or make_orchestrator_backend(self.settings, self.pool)
         self.orchestrator = Orchestrator(backend, self.pool, self.settings, self.metrics)
 

@@ -26,8 +26,10 @@ import yaml
 from lemon_core.backends.base import Backend, Completion, GenerationRequest
 from lemon_core.executor import Task, Trace, execute_specs
 from lemon_core.metrics import LemonMetrics
+from lemon_core.models import ModelError, resolve_model
 from lemon_core.policy import orchestrator_messages
 from lemon_core.pool import CapacityPool
+from lemon_core.prompts import PromptSettings, settings_for_model
 from lemon_core.serve.settings import ServeSettings
 from lemon_core.spec import ParsedSpec, SpecError, SpecLimits, parse_spec
 
@@ -77,6 +79,23 @@ def resolve_orchestrator_path(name: str) -> str:
     if pointer.is_file():
         return str(Path(name) / "checkpoints" / pointer.read_text().strip())
     return name
+
+
+def with_model_prompt(settings: ServeSettings) -> ServeSettings:
+    """``settings`` with the in-process orchestrator's own prompt settings, where its folder records them
+    (``prompts.PROMPT_SETTINGS_FILE``, written when lemon saves a model): a model trained without the format
+    example is served without it. A setting given explicitly that contradicts the record is a ValueError
+    naming it. Over HTTP (``orchestrator_base_url``) there is no folder to read: the settings stand."""
+    if settings.orchestrator_base_url:
+        return settings
+    try:
+        folder = resolve_model(resolve_orchestrator_path(settings.orchestrator))
+    except ModelError:
+        return settings  # not provisioned: building its backend says so, with the command to run
+    asked = PromptSettings(include_roles=settings.include_roles, include_format=settings.include_format,
+                           spec_format=settings.spec_format)
+    prompt = settings_for_model(folder, asked, settings.model_fields_set, "the service settings (LEMON_*)")
+    return settings.model_copy(update=prompt.model_dump())
 
 
 def make_orchestrator_backend(settings: ServeSettings, pool: CapacityPool) -> Backend:
