@@ -20,7 +20,8 @@ the capacity mix of the specs it wrote; writes ``OUT/learning.json``, ``OUT/lear
 ``ratio=<lemon accuracy / cot@large accuracy> cost_ratio=<lemon $/ex / cot@large $/ex>
 cost_ratio_with_orchestrator=<(lemon $/ex + its orchestrator's call) / cot@large $/ex>``: the rows' $/ex count
 agent calls, and lemon also pays for writing the spec (its prompt and spec, priced at the pool level that serves
-the orchestrator's base model; on the CPU pool ~450 tokens at `small`'s price, about 30% of a CoT@large call).
+the orchestrator's base model, as every evaluation does: ``evaluate.price_level``; on the CPU pool SmolLM2's
+short prompt, ~220 tokens with the spec, at `small`'s price).
 Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row says on how many examples its spec
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
@@ -41,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,10 +53,9 @@ from lemon_core.baselines import cot, self_consistency  # noqa: E402
 from lemon_core.benchmarks import get  # noqa: E402
 from lemon_core.checkpoint import save_model_dir  # noqa: E402
 from lemon_core.config import TrainConfig  # noqa: E402
-from lemon_core.evaluate import evaluate, evaluate_orchestrator  # noqa: E402
+from lemon_core.evaluate import evaluate, evaluate_orchestrator, price_level  # noqa: E402
 from lemon_core.executor import ExecutionCache  # noqa: E402
 from lemon_core.report import choice_stats, plot_pareto, same_spec_as_baseline  # noqa: E402
-from lemon_core.spec import OrchestrationSpec  # noqa: E402
 from lemon_core.train import (  # noqa: E402
     build_state,
     close_state,
@@ -90,30 +89,11 @@ def row(summary: Any, records: list[dict[str, Any]], levels: list[str], seconds:
 
 def markdown_row(r: dict[str, Any]) -> str:
     """One method's row of learning.md (an orchestrator's own call is a column apart: the baselines have none)."""
-    orchestrator = f"{r['orchestrator_cost_usd']:.2e}" if "orchestrator_cost_usd" in r else "-"
+    orchestrator = f"{r['orchestrator_cost_usd']:.2e}" if r.get("orchestrator_cost_usd") is not None else "-"
     mix = ", ".join(f"{k} {v:.2f}" for k, v in r["capacity_mix"].items())
     return (f"| {r['method']} | {r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] | "
             f"{r['n']} | {r['valid_rate']:.2f} | {r['mean_cost_usd']:.2e} | {orchestrator} | "
             f"{r['mean_tokens']:.0f} | {mix} |")
-
-
-def orchestrator_cost(policy: Any, pool: Any, test: list[Any], records: list[dict[str, Any]],
-                      model: str) -> dict[str, float]:
-    """The orchestrator's own call per example, which the rows' $/ex (agent calls only) leave out: its prompt
-    (the exact ids it was given) plus what it wrote (a valid spec re-rendered, or the invalid text), priced at
-    the pool level that serves its base model (on the CPU pool SmolLM2-135M is `small`). Empty when no level
-    serves it: there is then no price to charge it at."""
-    level = next((lv for lv in pool.levels if lv.model == model), None)
-    if level is None:
-        return {}
-    prompt = [len(policy.prompt_ids(ex.question, pool)) for ex in test]
-    texts = [policy.spec_completion(OrchestrationSpec.model_validate(r["spec"])) if r.get("valid", True)
-             else r.get("orchestrator_output", "") for r in records]
-    completion = [len(policy.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
-    cost = [(p * level.price_in_per_1m + c * level.price_out_per_1m) / 1e6 for p, c in zip(prompt, completion,
-                                                                                          strict=True)]
-    return {"orchestrator_tokens": statistics.fmean(p + c for p, c in zip(prompt, completion, strict=True)),
-            "orchestrator_cost_usd": statistics.fmean(cost), "orchestrator_level": level.name}
 
 
 def train_arm(cfg: TrainConfig, sft_dir: Path, train: list[Any], iterations: int) -> Any:
@@ -182,10 +162,10 @@ def main() -> None:
     t_all = time.perf_counter()
     traces: dict[tuple[str, str], list[dict[str, Any]]] = {}  # the baselines' records, to compare specs with
 
-    def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float, policy: Any = None) -> None:
+    def record(method: str, summary: Any, records: list[dict[str, Any]], t0: float, orchestrator: bool = False) -> None:
         r = row(summary, records, levels, time.perf_counter() - t0)
-        if policy is not None:
-            r |= orchestrator_cost(policy, pool, test, records, cfg.model)
+        if orchestrator:  # the evaluation priced its own calls (evaluate.price_level)
+            r["orchestrator_level"] = getattr(price_level(pool, cfg.model), "name", None)
             r["same_spec_as_baseline"] = same_spec_as_baseline(records, traces, bench.name)
         else:
             traces[bench.name, method] = records
@@ -198,7 +178,7 @@ def main() -> None:
               f"mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
               f"({r['method_wall_s']:.0f} s)"
               + (f"  orchestrator: {r['orchestrator_tokens']:.0f} tokens/ex, $/ex={r['orchestrator_cost_usd']:.2e} "
-                 f"at {r['orchestrator_level']}'s price" if "orchestrator_cost_usd" in r else "")
+                 f"at {r['orchestrator_level']}'s price" if r.get("orchestrator_cost_usd") is not None else "")
               + (f"  same spec as {r['same_spec_as_baseline']}" if "same_spec_as_baseline" in r else ""), flush=True)
 
     def baseline(name: str, spec: Any) -> None:
@@ -223,10 +203,10 @@ def main() -> None:
     sft_dir = out / "sft-model"
     save_model_dir(policy, sft_dir)
     summary, records = evaluate_orchestrator(constrain(policy, cfg, levels), pool, test, benchmark=bench,
-                                             method="lemon-sft",
+                                             method="lemon-sft", orchestrator_model=cfg.model,
                                              max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
                                              progress=False, cache=cache, out_dir=out / "traces" / "lemon-sft")
-    record("lemon-sft", summary, records, t0, policy)
+    record("lemon-sft", summary, records, t0, orchestrator=True)
     del policy
 
     arms = {"lemon": cfg, "grpo-only": cfg.with_overrides(rollout={"edits_per_spec": 0})}
@@ -235,9 +215,10 @@ def main() -> None:
         print(f"{name}: {args.iterations} GRPO steps from the SFT model", flush=True)
         state = train_arm(arm_cfg, sft_dir, train, args.iterations)
         summary, records = evaluate_orchestrator(state.policy, state.pool, test, benchmark=bench, method=name,
+                                                 orchestrator_model=cfg.model,
                                                  max_new_tokens=cfg.rollout.max_new_tokens, seed=cfg.seed,
                                                  progress=False, cache=cache, out_dir=out / "traces" / name)
-        record(name, summary, records, t0, state.policy)
+        record(name, summary, records, t0, orchestrator=True)
         close_state(state)
     if "sc3@large" not in args.skip:
         baseline("sc3@large", baselines["sc3@large"])  # last: three times CoT@large's generation
@@ -252,7 +233,8 @@ def main() -> None:
     ratio = lemon["accuracy"] / ref["accuracy"] if ref["accuracy"] else float("nan")
     cost_ratio = lemon["mean_cost_usd"] / ref["mean_cost_usd"] if ref["mean_cost_usd"] else float("nan")
     # the issue's cost_ratio compares agent calls; lemon also pays its orchestrator's call, which CoT does not
-    with_orchestrator = ((lemon["mean_cost_usd"] + lemon.get("orchestrator_cost_usd", float("nan")))
+    own = lemon.get("orchestrator_cost_usd")
+    with_orchestrator = ((lemon["mean_cost_usd"] + (own if own is not None else float("nan")))
                          / ref["mean_cost_usd"] if ref["mean_cost_usd"] else float("nan"))
     print(f"targets: valid_rate {lemon['valid_rate']:.2f} (>= 0.95: {lemon['valid_rate'] >= 0.95}); "
           f"ratio >= 1.0 at cost_ratio <= 1.2: {ratio >= 1.0 and cost_ratio <= 1.2} "

@@ -130,7 +130,8 @@ def _eval_orchestrator(orchestrator: str, train_config: str | None, benchmark: s
     out_dir = out / f"{benchmark}-{ORCHESTRATOR}"
     summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, method=ORCHESTRATOR,
                                        split=split or bench.default_split, out_dir=out_dir, batch_size=batch_size,
-                                       seed=seed, max_new_tokens=cfg.rollout.max_new_tokens)
+                                       seed=seed, max_new_tokens=cfg.rollout.max_new_tokens,
+                                       orchestrator_model=cfg.model)
     typer.echo(json.dumps(summary.model_dump(), indent=2))
     typer.echo(f"traces: {out_dir / 'traces.jsonl'}")
 

@@ -88,11 +88,14 @@ def run_command(
         if u.endswith("summary.json")
     ]
     for r in sorted(rows, key=lambda r: (r["benchmark"], r["method"])):
+        # an orchestrator also pays its own call (prompt + spec): shown beside the agents' cost, not hidden in it
+        own = r.get("orchestrator_cost_usd")
         typer.echo(
             f"{r['benchmark']:>11} {r['method']:>9}  accuracy={r['accuracy']:.3f} "
             f"[{r.get('accuracy_ci_low', 0.0):.2f}, {r.get('accuracy_ci_high', 1.0):.2f}]  n={r['n']}  "
-            f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}  "
-            f"tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}  "
+            f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}"
+            + (f" + orchestrator ${own:.2e}" if own is not None else "")
+            + f"  tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}  "
             f"cached_calls={r.get('cached_calls', 0)}"
         )
     typer.echo(f"wall time: {result['wall_s']:.0f} s")

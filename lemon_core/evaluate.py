@@ -5,7 +5,9 @@ A baseline is a fixed spec; the orchestrator is a function that writes one spec 
 a baseline: the example scores 0, its record says why (``error``, ``orchestrator_output``) and the
 summary counts it (``valid_rate``, ``invalid``). Every summary carries n and a 95% Wilson interval of
 the accuracy, and ``truncated_answers``: agent answers that stopped at their level's token cap, so a
-score on cut-off reasoning is visible.
+score on cut-off reasoning is visible. An orchestrator's own call is paid too: its prompt and spec tokens
+are in every record and, priced at the pool level that serves the orchestrator's base model, in the
+summary's ``orchestrator_cost_usd`` (``mean_cost_usd`` counts the agent calls; their sum is the method's cost).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from pydantic import BaseModel
 from lemon_core.benchmarks import Benchmark
 from lemon_core.benchmarks import get as get_benchmark
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
-from lemon_core.pool import CapacityPool
+from lemon_core.pool import CapacityLevel, CapacityPool
 from lemon_core.progress import progress as progress_of
 from lemon_core.reward import RewardConfig, compute_reward
 from lemon_core.spec import OrchestrationSpec, validate_spec
@@ -36,6 +38,30 @@ class InvalidSpec:
     error: str
     text: str
     truncated: bool  # the orchestrator hit its token budget before finishing the spec
+
+
+@dataclass
+class OrchestratorCalls:
+    """The orchestrator's own calls in one evaluation: (prompt, completion) tokens per example, in order, and the
+    pool level whose price they pay (``price_level``); None where no level serves the orchestrator's model, so
+    its tokens are counted but not priced."""
+
+    level: CapacityLevel | None = None
+    tokens: list[tuple[int, int]] = field(default_factory=list)
+
+    def record(self, i: int) -> dict[str, Any]:
+        """The fields of example ``i``'s record that say what writing its spec cost."""
+        prompt, completion = self.tokens[i]
+        cost = self.level.cost(prompt, completion) if self.level is not None else None
+        return {"orchestrator_prompt_tokens": prompt, "orchestrator_completion_tokens": completion,
+                "orchestrator_cost": cost}
+
+
+def price_level(pool: CapacityPool, model: str | None) -> CapacityLevel | None:
+    """The cheapest pool level that serves ``model`` (the orchestrator's base model): a call of the orchestrator
+    costs what a call of that level costs. On the CPU pool SmolLM2-135M is `small`; on the GPU pool no level
+    serves the orchestrator's model, and None says there is no price to charge."""
+    return next((lv for lv in pool.levels if model is not None and lv.model == model), None)
 
 
 SpecAttempt = OrchestrationSpec | InvalidSpec
@@ -58,7 +84,9 @@ class EvalSummary(BaseModel):
     truncated_specs: int = 0
     truncated_answers: int = 0
     mean_tokens: float
-    mean_cost_usd: float
+    mean_cost_usd: float  # agent calls, per example
+    orchestrator_tokens: float | None = None  # the orchestrator's own call (prompt + spec), per example
+    orchestrator_cost_usd: float | None = None  # that call at its price level; None: not priced (price_level)
     mean_latency_s: float
     agent_calls: int
     cached_calls: int = 0  # agent calls answered from the node cache: no latency, still charged their price
@@ -68,25 +96,30 @@ class EvalSummary(BaseModel):
 
 
 def orchestrator_specs(
-    policy: Any, pool: CapacityPool, *, max_new_tokens: int, seed: int
+    policy: Any, pool: CapacityPool, *, max_new_tokens: int, seed: int, calls: OrchestratorCalls | None = None,
 ) -> Callable[[Sequence[Any]], list[SpecAttempt]]:
-    """The orchestrator as a spec source: one greedy spec per example, or the ``InvalidSpec`` it wrote."""
+    """The orchestrator as a spec source: one greedy spec per example, or the ``InvalidSpec`` it wrote;
+    each call's tokens are appended to ``calls``."""
 
     def specs(batch: Sequence[Any]) -> list[SpecAttempt]:
-        return write_specs(policy, batch, pool, max_new_tokens=max_new_tokens, seed=seed)
+        return write_specs(policy, batch, pool, max_new_tokens=max_new_tokens, seed=seed, calls=calls)
 
     return specs
 
 
 def write_specs(
-    policy: Any, examples: Sequence[Any], pool: CapacityPool, *, max_new_tokens: int, seed: int
+    policy: Any, examples: Sequence[Any], pool: CapacityPool, *, max_new_tokens: int, seed: int,
+    calls: OrchestratorCalls | None = None,
 ) -> list[SpecAttempt]:
-    """Greedy orchestrator output per example, parsed; every rank of a sharded policy must call it."""
+    """Greedy orchestrator output per example, parsed; every rank of a sharded policy must call it. The
+    (prompt, completion) tokens of each call are appended to ``calls``."""
     from lemon_core.rollout import parse_completion
 
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
     groups = policy.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed, with_logprobs=False)
     samples = [g[0] for g in groups]
+    if calls is not None:
+        calls.tokens += [(len(s.prompt_ids), len(s.completion_ids)) for s in samples]
     out: list[SpecAttempt] = []
     for s in samples:
         parsed, error = parse_completion(s.text, pool)
@@ -113,6 +146,7 @@ def evaluate(
     reward_cfg: RewardConfig | None = None,
     sandbox_mode: str | None = None,
     cache: ExecutionCache | None = None,
+    orchestrator_calls: OrchestratorCalls | None = None,
 ) -> tuple[EvalSummary, list[dict[str, Any]]]:
     """Run ``specs`` on ``examples`` and score them.
 
@@ -121,6 +155,8 @@ def evaluate(
     example with its own benchmark; ``scorer`` replaces benchmark scoring (tests, custom tasks);
     ``reward_cfg`` adds each example's training reward to its record. ``cache`` shares the node cache
     between evaluations (same requests, same greedy answers; a cached call is still charged its price).
+    ``orchestrator_calls``: filled by the orchestrator source as it writes (``evaluate_orchestrator``), so each
+    record and the summary carry what writing the spec cost.
     """
     if isinstance(specs, OrchestrationSpec):
         validate_spec(specs, pool.level_names)
@@ -145,6 +181,8 @@ def evaluate(
                 records.append(_invalid_record(example, spec, reward_cfg))
             else:
                 records.append(_score_record(benchmark, example, by_index[i], pool, scorer, reward_cfg))
+            if orchestrator_calls is not None:
+                records[-1].update(orchestrator_calls.record(lo + i))
         bar.update(len(batch), accuracy=sum(r["score"] for r in records) / len(records),
                    valid=sum(r["valid"] for r in records) / len(records))
     bar.close()
@@ -157,11 +195,13 @@ def evaluate(
 
 def evaluate_orchestrator(
     policy: Any, pool: CapacityPool, examples: Sequence[Any], *, max_new_tokens: int, seed: int,
-    benchmark: Benchmark | None = None, method: str = "lemon", **kwargs: Any,
+    benchmark: Benchmark | None = None, method: str = "lemon", orchestrator_model: str | None = None, **kwargs: Any,
 ) -> tuple[EvalSummary, list[dict[str, Any]]]:
-    """Evaluate a trained orchestrator: greedy spec per example, executed and scored; invalid = 0."""
-    source = orchestrator_specs(policy, pool, max_new_tokens=max_new_tokens, seed=seed)
-    return evaluate(benchmark, examples, source, pool, method=method, seed=seed, **kwargs)
+    """Evaluate a trained orchestrator: greedy spec per example, executed and scored; invalid = 0. Its own calls
+    are priced at the pool level serving ``orchestrator_model`` (its base model; ``price_level``)."""
+    calls = OrchestratorCalls(level=price_level(pool, orchestrator_model))
+    source = orchestrator_specs(policy, pool, max_new_tokens=max_new_tokens, seed=seed, calls=calls)
+    return evaluate(benchmark, examples, source, pool, method=method, seed=seed, orchestrator_calls=calls, **kwargs)
 
 
 def _specs_for(specs: SpecSource, batch: list[Any], lo: int) -> list[SpecAttempt]:
@@ -212,6 +252,8 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
     correct = sum(r["score"] for r in records)
     low, high = wilson_interval(correct, n)
     invalid = sum(1 for r in records if not r.get("valid", True))
+    written = [r for r in records if "orchestrator_prompt_tokens" in r]
+    priced = [r["orchestrator_cost"] for r in written if r["orchestrator_cost"] is not None]
     return EvalSummary(
         benchmark=benchmark, method=method, split=split, n=n,
         accuracy=correct / d, accuracy_ci_low=low, accuracy_ci_high=high,
@@ -220,6 +262,9 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
         truncated_answers=sum(r.get("truncated_answers", 0) for r in records),
         mean_tokens=sum(r["tokens"] for r in records) / d,
         mean_cost_usd=sum(r["cost"] for r in records) / d,
+        orchestrator_tokens=(sum(r["orchestrator_prompt_tokens"] + r["orchestrator_completion_tokens"]
+                                 for r in written) / d) if written else None,
+        orchestrator_cost_usd=sum(priced) / d if written and len(priced) == len(written) else None,
         mean_latency_s=sum(r["latency_s"] for r in records) / d,
         agent_calls=sum(r["agent_calls"] for r in records),
         cached_calls=sum(r.get("cached_calls", 0) for r in records),

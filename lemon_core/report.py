@@ -49,6 +49,7 @@ COLUMNS = (
     "valid_rate",
     "invalid",
     "mean_cost_usd",
+    "orchestrator_cost_usd",
     "mean_tokens",
     "mean_latency_s",
     "cached_calls",
@@ -58,7 +59,8 @@ COLUMNS = (
 HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
     "accuracy 95% CI": "95% CI",
     "valid_rate": "valid rate",
-    "mean_cost_usd": "cost $/example",
+    "mean_cost_usd": "agents $/example",
+    "orchestrator_cost_usd": "orchestrator $/example",  # writing the spec: its prompt and spec tokens
     "mean_tokens": "tokens/example",
     "mean_latency_s": "latency s",
     "cached_calls": "cached calls",  # answered from the run's node cache: latency 0, price still charged
@@ -95,11 +97,18 @@ def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
         invalid = row.get("invalid", row.get("invalid_specs", 0)) or 0
         row["valid_rate"] = 1.0 - invalid / n if n else 1.0
     row.setdefault("cached_calls", 0)
+    row.setdefault("orchestrator_cost_usd", None)
     if row.get("invalid") is None:
         row["invalid"] = round((1.0 - float(row["valid_rate"])) * n)
     row["valid_ci_low"], row["valid_ci_high"] = wilson_interval(float(row["valid_rate"]) * n, n)
     row["accuracy 95% CI"] = (row["accuracy_ci_low"], row["accuracy_ci_high"])
     return row
+
+
+def total_cost(row: Mapping[str, Any]) -> float:
+    """A method's cost per example: its agent calls plus, for an orchestrator, its own call (prompt and spec)."""
+    own = row.get("orchestrator_cost_usd")
+    return float(row["mean_cost_usd"]) + (float(own) if own is not None else 0.0)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -126,7 +135,8 @@ def _by_benchmark(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
 
 def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
     """PNG bytes: one panel per benchmark, accuracy (with its 95% interval as an error bar) vs mean cost
-    per example, the front drawn as a dashed line; orchestrators are stars, baselines dots."""
+    per example (``total_cost``: an orchestrator pays its own call too), the front drawn as a dashed line;
+    orchestrators are stars, baselines dots."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,7 +145,7 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
     groups = _by_benchmark(as_rows(summaries))
     fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.6), squeeze=False)
     for ax, (bench, rows) in zip(axes[0], sorted(groups.items()), strict=False):
-        points = [(float(r["mean_cost_usd"]), float(r["accuracy"])) for r in rows]
+        points = [(total_cost(r), float(r["accuracy"])) for r in rows]
         for (cost, acc), row in zip(points, rows, strict=True):
             orch = is_orchestrator(str(row["method"]))
             yerr = [[acc - row["accuracy_ci_low"]], [row["accuracy_ci_high"] - acc]]
@@ -149,7 +159,7 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
             [points[i][0] for i in front], [points[i][1] for i in front], "k--", lw=1, label="Pareto front"
         )
         ax.set_title(bench)
-        ax.set_xlabel("mean cost per example (USD)")
+        ax.set_xlabel("mean cost per example (USD, orchestrator's call included)")
         ax.set_ylabel("accuracy (bars: 95% interval)")
         ax.set_ylim(-0.05, 1.05)
         ax.margins(x=0.2)  # room for the method labels written to the right of each point
@@ -173,7 +183,7 @@ def _fmt(value: Any) -> str:
 def _front_labels(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
     labels = set()
     for bench, group in _by_benchmark(rows).items():
-        points = [(float(r["mean_cost_usd"]), float(r["accuracy"])) for r in group]
+        points = [(total_cost(r), float(r["accuracy"])) for r in group]
         labels |= {(bench, str(group[i]["method"])) for i in pareto_front(points)}
     return labels
 
@@ -189,14 +199,16 @@ def headlines(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for bench, group in sorted(_by_benchmark(rows).items()):
         baselines = [r for r in group if not is_orchestrator(str(r["method"]))]
-        best = max(baselines, key=lambda r: (float(r["accuracy"]), -float(r["mean_cost_usd"])), default=None)
+        best = max(baselines, key=lambda r: (float(r["accuracy"]), -total_cost(r)), default=None)
         for row in sorted((r for r in group if is_orchestrator(str(r["method"]))), key=lambda r: str(r["method"])):
             text = (
                 f"{bench}: {row['method']} accuracy {_fmt(float(row['accuracy']))} "
                 f"{_fmt(row['accuracy 95% CI'])} (n={row.get('n', '?')}), valid specs "
                 f"{_fmt(float(row['valid_rate']))} {_fmt((row['valid_ci_low'], row['valid_ci_high']))}, "
-                f"cost ${_fmt(float(row['mean_cost_usd']))}/example"
+                f"cost ${_fmt(total_cost(row))}/example"
             )
+            if row.get("orchestrator_cost_usd") is not None:
+                text += f" (its own call ${_fmt(float(row['orchestrator_cost_usd']))} of it)"
             if best is not None:
                 text += (
                     f"; best baseline {best['method']} {_fmt(float(best['accuracy']))} "

@@ -315,7 +315,8 @@ def stage_evaluate(
             policy = constrain(load_policy(tc, str(ckpt)), tc, pool.level_names)
             _attach_sampler(policy, ckpt, tc, pool)
             summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, out_dir=Path(tmp),
-                                               max_new_tokens=tc.rollout.max_new_tokens, **common)
+                                               max_new_tokens=tc.rollout.max_new_tokens, orchestrator_model=tc.model,
+                                               **common)
             _close_sampler(policy)
         else:
             spec = baseline_spec(method, cfg.evaluate.capacity or pool.level_names[-1], cheapest=pool.level_names[0])

@@ -108,3 +108,29 @@ def test_baseline_summary_has_interval_valid_rate_one_and_counts_truncated_answe
     capped.levels = [lv.model_copy(update={"max_tokens": 40}) for lv in capped.levels]
     trace = execute_specs([cot("small")], exs[:1], capped)[0]
     assert truncated_agents(trace, capped) == 1  # used the whole cap: counted as cut off
+
+
+def test_the_orchestrators_own_call_is_counted_and_priced_at_the_level_serving_its_model() -> None:
+    """Writing the spec is paid too: every record carries the orchestrator call's tokens, invalid outputs
+    included, and the summary prices them at the pool level whose model is the orchestrator's base model."""
+    pool = load_pool("simulated")
+    small = pool.levels[0]
+    exs = _examples(5)
+    good = spec_completion(cot("small"))
+    outputs = [(good, True), ("not a spec", True), (good, True), (good, True), (good, True)]
+    summary, records = evaluate_orchestrator(_ScriptedPolicy(outputs), pool, exs, benchmark=get("multiarith"),
+                                             max_new_tokens=64, seed=0, progress=False, batch_size=2,
+                                             orchestrator_model=small.model)
+    per_call = small.cost(3, 1)  # the scripted policy's prompt is 3 tokens, each completion 1
+    assert [r["orchestrator_prompt_tokens"] for r in records] == [3] * 5
+    assert [r["orchestrator_cost"] for r in records] == pytest.approx([per_call] * 5)
+    assert summary.orchestrator_tokens == 4 and summary.orchestrator_cost_usd == pytest.approx(per_call)
+    # the agents' cost is kept apart: the invalid example ran no agent and cost only the orchestrator's call
+    assert records[1]["cost"] == 0.0 and summary.mean_cost_usd == pytest.approx(sum(r["cost"] for r in records) / 5)
+    # no pool level serves the orchestrator's model: its tokens are counted, no price is made up
+    unpriced, _ = evaluate_orchestrator(_ScriptedPolicy(outputs), pool, exs, benchmark=get("multiarith"),
+                                        max_new_tokens=64, seed=0, progress=False, orchestrator_model="elsewhere")
+    assert unpriced.orchestrator_tokens == 4 and unpriced.orchestrator_cost_usd is None
+    # a baseline writes no spec: no orchestrator figures
+    baseline, _ = evaluate(get("multiarith"), exs, cot("small"), pool, method="cot", progress=False)
+    assert baseline.orchestrator_tokens is None and baseline.orchestrator_cost_usd is None

@@ -418,3 +418,19 @@ def test_the_sft_section_shows_the_sweep_candidates_solved_counts_with_intervals
     assert value.startswith("chain@large 5/8 [0.31, 0.86] reward 0.613 \u00b1 0.163, $1.13e-04/task; c1 7/8")
     older = {"teacher": "sweep", "sweep": {"tasks": 8, "taught": {"cot@large": 8}, "fallback_tasks": 5}}
     assert not any(r["what"].startswith("sweep: solved") for r in sft_rows(older))  # an sft.json from before
+
+
+def test_an_orchestrator_is_placed_at_its_cost_with_its_own_call() -> None:
+    """The Pareto front and the headline count what writing the spec cost: an orchestrator as accurate as a
+    baseline whose agents cost less than the baseline's, but whose own call makes it dearer, is not on the front."""
+    from lemon_core.report import _front_labels, as_rows, headlines, total_cost
+
+    rows = as_rows([
+        {"benchmark": "multiarith", "method": "cot", "n": 30, "accuracy": 0.6, "mean_cost_usd": 5e-5},
+        {"benchmark": "multiarith", "method": "lemon", "n": 30, "accuracy": 0.6, "mean_cost_usd": 4.5e-5,
+         "orchestrator_cost_usd": 1e-5},
+    ])
+    assert total_cost(rows[1]) == pytest.approx(5.5e-5) and total_cost(rows[0]) == 5e-5
+    assert _front_labels(rows) == {("multiarith", "cot")}
+    (line,) = headlines(rows)
+    assert "cost $5.5e-05/example (its own call $1e-05 of it)" in line
