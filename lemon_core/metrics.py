@@ -115,7 +115,8 @@ class LemonMetrics:
         self.eval_accuracy = Gauge(
             "lemon_eval_accuracy", "Accuracy (0-1) of a method on a benchmark.", labels, registry=r)
         self.eval_cost_usd = Gauge(
-            "lemon_eval_cost_usd", "Mean USD per evaluated example of a method on a benchmark.", labels, registry=r)
+            "lemon_eval_cost_usd", "Mean USD per evaluated example of a method on a benchmark "
+            "(an orchestrator's own call included).", labels, registry=r)
         self.eval_valid_rate = Gauge(
             "lemon_eval_valid_rate", "Share of examples whose orchestrator spec parsed and validated (1 for "
             "baselines); invalid ones score 0.", labels, registry=r)

@@ -326,7 +326,8 @@ def stage_evaluate(
         storage.put_file(Path(tmp) / "traces.jsonl", storage.join(out, "traces.jsonl"))
         storage.write_text(storage.join(out, "summary.json"), json.dumps(data, indent=2) + "\n")
     m = LemonMetrics(parts=("eval", "calls"))
-    m.record_eval(benchmark, method, summary.accuracy, summary.mean_cost_usd, valid_rate=summary.valid_rate,
+    cost = summary.mean_cost_usd + (summary.orchestrator_cost_usd or 0.0)  # an orchestrator pays its own call too
+    m.record_eval(benchmark, method, summary.accuracy, cost, valid_rate=summary.valid_rate,
                   ci_low=summary.accuracy_ci_low, ci_high=summary.accuracy_ci_high, n=summary.n)
     _metrics_out(m, out, "lemon-eval", {"run": cfg.name, "benchmark": benchmark, "method": method})
     pool.close()
