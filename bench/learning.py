@@ -26,10 +26,11 @@ Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row s
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py --skip sc3@large    # 56 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
-                                                 # d39fbb9, 2026-12-05: the sweep taught cot@large; lemon =
-                                                 # lemon-sft = grpo-only 0.617 vs cot@large 0.633, ratio 0.974,
-                                                 # cost_ratio 0.999, 1.305 with the orchestrator's own call)
+    python bench/learning.py --skip sc3@large    # 31 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
+                                                 # 7c86cf3, 2026-12-05: the sweep taught cot@large and lemon =
+                                                 # lemon-sft = grpo-only wrote its spec 60/60: 0.633 = cot@large,
+                                                 # ratio 1.000, cost_ratio 1.000, 1.167 with the orchestrator's
+                                                 # own call; a tie by imitation, GRPO added nothing)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
