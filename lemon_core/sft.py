@@ -308,17 +308,18 @@ def teacher_pairs(policy: OrchestratorPolicy, cfg: Any, pool: CapacityPool, trai
     """(question, completion) SFT pairs: templated specs, plus for ``sft.teacher: sweep`` each task's
     best-reward spec measured on the pool (``teachers.py``); returns the sweep report too. The sampling
     budget is checked against every possible target first (``check_token_budget``), before the sweep runs."""
-    pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed, cfg.spec_format)
+    form = policy.spec_format  # the policy's own (a saved model's record wins over cfg's default)
+    pairs = sft_pairs([t.question for t in train_tasks], pool, cfg.sft, cfg.seed, form)
     targets = [c for _, c in pairs]
     if cfg.sft.teacher == "sweep":
-        targets += [spec_completion(s, cfg.spec_format) for s in candidate_specs(pool, cfg.sft.sweep).values()]
+        targets += [spec_completion(s, form) for s in candidate_specs(pool, cfg.sft.sweep).values()]
     if cfg.rollout.check_budget:
         check_token_budget(policy, targets, cfg.rollout.max_new_tokens)
     if cfg.sft.teacher != "sweep":
         return pairs, None
     sweep = sweep_teachers(train_tasks, pool, cfg.sft.sweep, cfg.reward, scorer, cfg.seed, progress)
     by_id = {str(t.id): t for t in train_tasks}
-    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, cfg.spec_format)) for c in sweep.choices]
+    pairs += [(by_id[c.task_id].question, spec_completion(c.spec, form)) for c in sweep.choices]
     report = sweep_report(sweep)
     if progress:  # what the choice was made from, in the stage's log (the HTML report has it too)
         print(f"teacher sweep: taught {', '.join(report['taught'])}; measured {sweep_candidates_text(report)}",

@@ -145,7 +145,7 @@ def constrain(policy: OrchestratorPolicy, cfg: TrainConfig, levels: Sequence[str
 
         limits = SpecLimits(max_agents=cfg.rollout.grammar_max_agents, max_role_chars=80,
                             max_duty_chars=cfg.rollout.grammar_max_duty_chars)
-        policy.grammar = spec_grammar(levels, cfg.spec_format, limits, sequential_ids=True)
+        policy.grammar = spec_grammar(levels, policy.spec_format, limits, sequential_ids=True)  # as it writes
     return policy
 
 

@@ -97,3 +97,26 @@ def test_the_service_serves_a_saved_model_with_its_own_prompt(trained_without_fo
     # over HTTP there is no folder to read: the settings stand as given
     remote = ServeSettings(orchestrator=str(trained_without_format), orchestrator_base_url="http://127.0.0.1:9/v1")
     assert with_model_prompt(remote).include_format is True
+
+
+def test_the_recorded_spec_format_also_sets_the_grammar_and_sft_targets(tmp_path: Path) -> None:
+    """A model trained to write JSON keeps writing JSON under a config that leaves spec_format at its default:
+    the prompt, the sampling grammar and any further SFT targets all follow the record."""
+    from lemon_core.baselines import cot
+    from lemon_core.sft import teacher_pairs
+    from lemon_core.train import constrain
+
+    torch.set_num_threads(1)
+    base = build_tiny_chat_model(tmp_path / "tiny", seed=0)
+    saved = tmp_path / "json-model"
+    save_model_dir(OrchestratorPolicy.load(str(base), include_roles=False, include_format=False,
+                                           spec_format="json"), saved)
+    cfg = tiny_config(saved, include_roles=False, include_format=False, rollout={"grammar": True, "check_budget": False},
+                      sft={"pairs_per_task": 1})
+    pool = load_pool("simulated")
+    policy = constrain(load_policy(cfg, str(saved)), cfg, pool.level_names)
+    assert policy.spec_format == "json" and policy.grammar.spec_format == "json"
+    task = type("Task", (), {"question": QUESTION, "id": "t0"})()
+    pairs, _ = teacher_pairs(policy, cfg, pool, [task], scorer=lambda answer, ex: 0.0, progress=False)
+    assert pairs and all(target.startswith("{") for _, target in pairs)
+    assert policy.spec_completion(cot("small")).startswith("{")
