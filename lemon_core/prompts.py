@@ -105,7 +105,7 @@ def settings_for_model(folder: str | Path, requested: PromptSettings, explicit: 
     if conflicts:
         said = ", ".join(f"{f}={getattr(requested, f)!r}" for f in conflicts)
         trained = ", ".join(f"{f}: {json.dumps(getattr(record, f))}" for f in conflicts)
-        raise ValueError(f"{where} sets {said}, but the model in {folder} was trained with {trained} "
+        raise ValueError(f"{where} asks for {said}, but the model in {folder} was trained with {trained} "
                          f"({PROMPT_SETTINGS_FILE}); set {trained} or leave it out to use the model's own")
     return record
 
