@@ -111,8 +111,8 @@ def test_the_recorded_spec_format_also_sets_the_grammar_and_sft_targets(tmp_path
     saved = tmp_path / "json-model"
     save_model_dir(OrchestratorPolicy.load(str(base), include_roles=False, include_format=False,
                                            spec_format="json"), saved)
-    cfg = tiny_config(saved, include_roles=False, include_format=False, rollout={"grammar": True, "check_budget": False},
-                      sft={"pairs_per_task": 1})
+    cfg = tiny_config(saved, include_roles=False, include_format=False,
+                      rollout={"grammar": True, "check_budget": False}, sft={"pairs_per_task": 1})
     pool = load_pool("simulated")
     policy = constrain(load_policy(cfg, str(saved)), cfg, pool.level_names)
     assert policy.spec_format == "json" and policy.grammar.spec_format == "json"
