@@ -220,8 +220,7 @@ class OrchestratorPolicy:
     @property
     def prompt_settings(self) -> PromptSettings:
         """How this policy is prompted; saved beside its weights (checkpoint.save_model_dir)."""
-        return PromptSettings(include_roles=self.include_roles, include_format=self.include_format,
-                              spec_format=self.spec_format)
+        return PromptSettings.of(self)
 
     def prompt_ids(self, question: str, pool: CapacityPool) -> list[int]:
         msgs = orchestrator_messages(question, pool, self.include_roles, self.include_format, self.spec_format)

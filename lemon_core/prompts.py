@@ -72,6 +72,12 @@ class PromptSettings(BaseModel):
     include_format: bool = True
     spec_format: SpecFormat = "yaml"
 
+    @classmethod
+    def of(cls, source: object) -> PromptSettings:
+        """The prompt settings held by ``source``: a train config, the service settings or a policy, which all
+        carry these three fields under the same names."""
+        return cls(**{name: getattr(source, name) for name in cls.model_fields})
+
 
 def write_prompt_settings(folder: str | Path, settings: PromptSettings) -> None:
     (Path(folder) / PROMPT_SETTINGS_FILE).write_text(settings.model_dump_json(indent=2) + "\n")

@@ -107,8 +107,7 @@ def load_policy(cfg: TrainConfig, name_or_path: str, device: str | None = None,
     own record (``prompts.PROMPT_SETTINGS_FILE``) wins over ``cfg``'s defaults, and a setting ``cfg`` names
     that contradicts it is an error (``explicit``: the settings ``cfg`` names, default its fields set); a base
     model gets ``cfg``'s settings."""
-    asked = PromptSettings(include_roles=cfg.include_roles, include_format=cfg.include_format,
-                           spec_format=cfg.spec_format)
+    asked = PromptSettings.of(cfg)
     named = cfg.model_fields_set if explicit is None else explicit
     try:
         prompt = settings_for_model(resolve_model(name_or_path), asked, named, "the train config")

@@ -92,9 +92,8 @@ def with_model_prompt(settings: ServeSettings) -> ServeSettings:
         folder = resolve_model(resolve_orchestrator_path(settings.orchestrator))
     except ModelError:
         return settings  # not provisioned: building its backend says so, with the command to run
-    asked = PromptSettings(include_roles=settings.include_roles, include_format=settings.include_format,
-                           spec_format=settings.spec_format)
-    prompt = settings_for_model(folder, asked, settings.model_fields_set, "the service settings (LEMON_*)")
+    prompt = settings_for_model(folder, PromptSettings.of(settings), settings.model_fields_set,
+                                "the service settings (LEMON_*)")
     return settings.model_copy(update=prompt.model_dump())
 
 
