@@ -38,6 +38,7 @@ from pydantic import BaseModel
 
 from lemon_core.baselines import ORCHESTRATOR
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
+from lemon_core.evaluate import total_cost
 from lemon_core.stats import wilson_interval
 
 COLUMNS = (
@@ -103,12 +104,6 @@ def _with_defaults(row: dict[str, Any]) -> dict[str, Any]:
     row["valid_ci_low"], row["valid_ci_high"] = wilson_interval(float(row["valid_rate"]) * n, n)
     row["accuracy 95% CI"] = (row["accuracy_ci_low"], row["accuracy_ci_high"])
     return row
-
-
-def total_cost(row: Mapping[str, Any]) -> float:
-    """A method's cost per example: its agent calls plus, for an orchestrator, its own call (prompt and spec)."""
-    own = row.get("orchestrator_cost_usd")
-    return float(row["mean_cost_usd"]) + (float(own) if own is not None else 0.0)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

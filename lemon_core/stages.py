@@ -289,7 +289,7 @@ def stage_evaluate(
     """
     from lemon_core.baselines import baseline_spec
     from lemon_core.benchmarks import get as get_benchmark
-    from lemon_core.evaluate import evaluate, evaluate_orchestrator
+    from lemon_core.evaluate import evaluate, evaluate_orchestrator, total_cost
     from lemon_core.metrics import LemonMetrics
     from lemon_core.train import capped_pool, constrain, load_policy
 
@@ -326,8 +326,8 @@ def stage_evaluate(
         storage.put_file(Path(tmp) / "traces.jsonl", storage.join(out, "traces.jsonl"))
         storage.write_text(storage.join(out, "summary.json"), json.dumps(data, indent=2) + "\n")
     m = LemonMetrics(parts=("eval", "calls"))
-    cost = summary.mean_cost_usd + (summary.orchestrator_cost_usd or 0.0)  # an orchestrator pays its own call too
-    m.record_eval(benchmark, method, summary.accuracy, cost, valid_rate=summary.valid_rate,
+    # the metric's cost is the method's whole cost: an orchestrator pays its own call too
+    m.record_eval(benchmark, method, summary.accuracy, total_cost(data), valid_rate=summary.valid_rate,
                   ci_low=summary.accuracy_ci_low, ci_high=summary.accuracy_ci_high, n=summary.n)
     _metrics_out(m, out, "lemon-eval", {"run": cfg.name, "benchmark": benchmark, "method": method})
     pool.close()
