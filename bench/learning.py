@@ -176,6 +176,7 @@ def main() -> None:
         print(f"{method:>10}  accuracy={r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] "
               f"n={r['n']}  valid={r['valid_rate']:.2f}  $/ex={r['mean_cost_usd']:.2e}  "
               f"tokens/ex={r['mean_tokens']:.0f}  truncated={r['truncated_answers']}  "
+              f"looped={r.get('looped_answers', 0)}  "
               f"mix={ {k: round(v, 2) for k, v in r['capacity_mix'].items()} }  "
               f"({r['method_wall_s']:.0f} s)"
               + (f"  orchestrator: {r['orchestrator_tokens']:.0f} tokens/ex, $/ex={r['orchestrator_cost_usd']:.2e} "

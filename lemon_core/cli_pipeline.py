@@ -96,6 +96,7 @@ def run_command(
             f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}"
             + (f" + orchestrator ${own:.2e}" if own is not None else "")
             + f"  tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}  "
+            f"looped_answers={r.get('looped_answers', 0)}  "
             f"cached_calls={r.get('cached_calls', 0)}"
         )
     typer.echo(f"wall time: {result['wall_s']:.0f} s")

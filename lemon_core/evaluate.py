@@ -5,7 +5,8 @@ A baseline is a fixed spec; the orchestrator is a function that writes one spec 
 a baseline: the example scores 0, its record says why (``error``, ``orchestrator_output``) and the
 summary counts it (``valid_rate``, ``invalid``). Every summary carries n and a 95% Wilson interval of
 the accuracy, and ``truncated_answers``: agent answers that stopped at their level's token cap, so a
-score on cut-off reasoning is visible. An orchestrator's own call is paid too: its prompt and spec tokens
+score on cut-off reasoning is visible (``looped_answers`` apart: answers the backend stopped in a repetition
+loop, which no cap would have finished). An orchestrator's own call is paid too: its prompt and spec tokens
 are in every record and, priced at the pool level that serves the orchestrator's base model, in the
 summary's ``orchestrator_cost_usd`` (``mean_cost_usd`` counts the agent calls; their sum is the method's cost).
 """
@@ -83,6 +84,7 @@ class EvalSummary(BaseModel):
     invalid: int = 0
     truncated_specs: int = 0
     truncated_answers: int = 0
+    looped_answers: int = 0  # agent answers stopped in a repetition loop (not counted in truncated_answers)
     mean_tokens: float
     mean_cost_usd: float  # agent calls, per example
     orchestrator_tokens: float | None = None  # the orchestrator's own call (prompt + spec), per example
@@ -222,7 +224,14 @@ def _specs_for(specs: SpecSource, batch: list[Any], lo: int) -> list[SpecAttempt
 def truncated_agents(trace: Trace, pool: CapacityPool) -> int:
     """Agent answers of ``trace`` that used their level's whole token budget (cut off mid-answer)."""
     caps = {lv.name: lv.max_tokens for lv in pool.levels}
-    return sum(1 for a in trace.agents if not a.error and a.completion_tokens >= caps.get(a.capacity, 1 << 30))
+    return sum(1 for a in trace.agents
+               if not a.error and not a.looped and a.completion_tokens >= caps.get(a.capacity, 1 << 30))
+
+
+def looped_agents(trace: Trace) -> int:
+    """Agent answers of ``trace`` that their backend stopped in an exact repetition loop (``Completion.looped``):
+    stuck, not cut off, so a larger token cap would not have finished them."""
+    return sum(1 for a in trace.agents if not a.error and a.looped)
 
 
 def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool: CapacityPool,
@@ -235,7 +244,8 @@ def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool:
         score = float(bench.score(prediction, example)) if prediction is not None else 0.0
     record = {"id": example.id, "gold": example.answer, "prediction": prediction, "score": score, "valid": True,
               "agent_calls": trace.agent_calls, "cached_calls": sum(a.cached for a in trace.agents),
-              "tokens": trace.tokens, "truncated_answers": truncated_agents(trace, pool), **trace.to_dict()}
+              "tokens": trace.tokens, "truncated_answers": truncated_agents(trace, pool),
+              "looped_answers": looped_agents(trace), **trace.to_dict()}
     if reward_cfg is not None:
         record["reward"] = compute_reward(score, trace, reward_cfg).total
     return record
@@ -243,7 +253,8 @@ def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool:
 
 def _invalid_record(example: Any, spec: InvalidSpec, reward_cfg: RewardConfig | None) -> dict[str, Any]:
     record = {"id": example.id, "gold": example.answer, "prediction": None, "score": 0.0, "valid": False,
-              "agent_calls": 0, "tokens": 0, "truncated_answers": 0, "task": example.question, "spec": None,
+              "agent_calls": 0, "tokens": 0, "truncated_answers": 0, "looped_answers": 0, "task": example.question,
+              "spec": None,
               "answer": "", "error": f"invalid_spec: {spec.error}", "orchestrator_output": spec.text,
               "truncated_spec": spec.truncated, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0,
               "latency_s": 0.0, "agents": []}
@@ -267,6 +278,7 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
         valid_rate=(n - invalid) / d, invalid=invalid,
         truncated_specs=sum(1 for r in records if r.get("truncated_spec")),
         truncated_answers=sum(r.get("truncated_answers", 0) for r in records),
+        looped_answers=sum(r.get("looped_answers", 0) for r in records),
         mean_tokens=sum(r["tokens"] for r in records) / d,
         mean_cost_usd=sum(r["cost"] for r in records) / d,
         orchestrator_tokens=(sum(r["orchestrator_prompt_tokens"] + r["orchestrator_completion_tokens"]

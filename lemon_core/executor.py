@@ -69,6 +69,7 @@ class AgentTrace:
     cached: bool = False
     error: str | None = None
     call: str = ""  # the call's identity (``call_key``): two agents with equal ``call`` were one cache entry
+    looped: bool = False  # a greedy answer its backend stopped in a repetition loop (Completion.looped)
 
 
 @dataclass
@@ -290,7 +291,7 @@ def execute_specs(
                     completion.completion_tokens,
                     pool.cost(capacity, completion.prompt_tokens, completion.completion_tokens),
                     0.0 if was_cached else completion.latency_s, was_cached, completion.error,
-                    call_key(capacity, request),
+                    call_key(capacity, request), completion.looped,
                 )
                 traces[i].agents.append(record)
                 if completion.ok:

@@ -17,7 +17,7 @@ for the UI's Markdown viewer, a CI log or an issue comment.
 
 Rows are evaluation summaries (``lemon_core.evaluate.EvalSummary`` or ``summary.json`` contents).
 Fields added later (``valid_rate``, ``invalid``, ``accuracy_ci_low/high``, ``truncated_answers``,
-``sandbox_mode``) are read with defaults, so old summaries still render. Traces are ``traces.jsonl``
+``looped_answers``, ``sandbox_mode``) are read with defaults, so old summaries still render. Traces are ``traces.jsonl``
 records (``lemon_core.evaluate``): per example ``spec`` (null when the orchestrator's output was
 invalid), ``score``, ``error`` and per-agent outputs. A method is on the Pareto front of a benchmark
 when no other method is at least as accurate *and* at most as costly with one of the two strictly better.
@@ -56,6 +56,7 @@ COLUMNS = (
     "cached_calls",
     "failures",
     "truncated_answers",
+    "looped_answers",
 )
 HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
     "accuracy 95% CI": "95% CI",
@@ -66,6 +67,7 @@ HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
     "mean_latency_s": "latency s",
     "cached_calls": "cached calls",  # answered from the run's node cache: latency 0, price still charged
     "truncated_answers": "truncated",
+    "looped_answers": "looped",  # stopped in a repetition loop (greedy): stuck, not cut off by the cap
 }
 Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
 

@@ -52,6 +52,7 @@ class Completion:
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
+    looped: bool = False  # a greedy answer stopped in an exact repetition loop (transformers_backend.repeating_tail)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -8,6 +8,13 @@ Sampling is reproducible per request: each row draws from its own ``torch.Genera
 ``request.seed`` (or the backend seed), so a request's text does not depend on which other requests
 shared its batch. That is why the decoding loop is written here instead of calling ``model.generate``,
 whose sampling uses one global RNG stream for the whole batch.
+
+A greedy row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in a
+row, ``loop_stop_min_tokens`` tokens at least) is stopped there and its completion marked ``looped``: under
+greedy decoding such a loop runs to the level's token cap (on the CPU pool all 23 of SmolLM2's 60 capped
+MultiArith CoT answers were ``The answer is 12.`` repeated), so a larger cap buys nothing and the tokens
+until the cap are wasted decode steps for the whole batch. The evaluation counts those answers apart
+(``looped_answers``) from answers cut off mid-reasoning (``truncated_answers``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ class TransformersBackend:
         max_batch_size: int = 16,
         num_threads: int | None = None,
         packed_weights: bool | None = None,
+        loop_stop_repeats: int = 4,
+        loop_stop_min_tokens: int = 32,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,6 +59,9 @@ class TransformersBackend:
             raise BackendError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
             raise BackendError(f"max_batch_size={max_batch_size} must be >= 1")
+        if loop_stop_repeats == 1 or loop_stop_repeats < 0:
+            raise BackendError(f"loop_stop_repeats={loop_stop_repeats}: use 0 (never stop a loop) or >= 2 "
+                               "(a run of tokens seen that many times in a row ends a greedy answer)")
         if num_threads is not None:
             # Process-wide. On a busy small machine, fewer intra-op threads than cores avoids OpenMP
             # threads spinning against each other (measured 5x faster decoding with 1 thread of 2 here).
@@ -80,6 +92,7 @@ class TransformersBackend:
         self.device = torch.device(device)
         self.seed = seed
         self.max_batch_size = max_batch_size
+        self.loop_stop_repeats, self.loop_stop_min_tokens = loop_stop_repeats, loop_stop_min_tokens
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -132,6 +145,7 @@ class TransformersBackend:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         generators = [_generator(r.seed if r.seed is not None else self.seed) for r in requests]
         new_tokens: list[list[int]] = [[] for _ in requests]
+        ended_by: list[str] = ["length"] * n  # "eos", "loop" or "length" (the request's max_tokens)
         grammar, seq = self._grammar_processor(requests), input_ids
         in_batch = list(range(n))  # the request of each row of the running batch (and of the KV cache)
 
@@ -153,8 +167,12 @@ class TransformersBackend:
                     continue
                 tok = _pick(logits[i], requests[row], generators[row])
                 if tok in self.eos_ids:
+                    ended_by[row] = "eos"
                     continue
                 new_tokens[row].append(tok)
+                if self._stuck_in_loop(requests[row], new_tokens[row]):
+                    ended_by[row] = "loop"
+                    continue
                 if len(new_tokens[row]) < requests[row].max_tokens:
                     going.append(i)
             if not going:
@@ -180,12 +198,36 @@ class TransformersBackend:
             Completion(
                 text=self.tokenizer.decode(toks, skip_special_tokens=True),
                 prompt_tokens=len(prompt),
-                completion_tokens=len(toks) + (1 if len(toks) < req.max_tokens else 0),  # + eos
+                completion_tokens=len(toks) + (1 if end == "eos" else 0),  # + eos
                 latency_s=latency,
+                looped=end == "loop",
                 extra={"batch_size": n},
             )
-            for prompt, toks, req in zip(prompts, new_tokens, requests, strict=True)
+            for prompt, toks, end in zip(prompts, new_tokens, ended_by, strict=True)
         ]
+
+    def _stuck_in_loop(self, request: GenerationRequest, tokens: list[int]) -> bool:
+        """A greedy agent row whose tokens end in a loop (``repeating_tail``). Sampled rows can leave a loop, and
+        a spec under a grammar (the service's orchestrator) is left to its parser, so those never stop here."""
+        return (self.loop_stop_repeats >= 2 and request.temperature <= 0 and request.grammar is None
+                and repeating_tail(tokens, self.loop_stop_repeats, self.loop_stop_min_tokens) is not None)
+
+
+def repeating_tail(tokens: Sequence[int], repeats: int, min_tokens: int, max_period: int = 64) -> int | None:
+    """The period p of a run of ``tokens``' last p tokens repeated ``repeats`` times in a row, covering at least
+    ``min_tokens`` tokens (``p * repeats >= min_tokens``), the shortest such p; None if the tail is no loop.
+
+    ``[.. 5, 7, 9, 5, 7, 9, 5, 7, 9]`` with repeats 3 and min_tokens 9 gives 3. min_tokens keeps short,
+    legitimate repetitions (``1 1 1``, a table's ``| |``) from counting; the cost is a few list comparisons per
+    row and step, beside a forward pass of the whole batch."""
+    n = len(tokens)
+    for p in range(1, min(max_period, n // repeats) + 1):
+        if p * repeats < min_tokens or tokens[n - 1] != tokens[n - 1 - p]:
+            continue
+        tail = list(tokens[n - p :])
+        if all(list(tokens[n - (k + 1) * p : n - k * p]) == tail for k in range(1, repeats)):
+            return p
+    return None
 
 
 def _generator(seed: int) -> torch.Generator:
