@@ -17,32 +17,41 @@ Metric: the first step at which the mean rollout reward, averaged over the last 
 90% of the optimal reward r* (the expected reward of the optimal spec, measured on the pool). A run that
 never gets there counts as --steps + 1 (censored; the number censored is printed). Printed per seed and
 as mean ± s.e. over seeds, plus the share of specs at the optimum in the last steps; last line
-ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75).
+ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75). Before it, the paired difference cf − grpo of
+the optimal share and of the final reward (same seed, same SFT model, same tasks), mean ± s.e. over seeds.
 
 Credit: ``--credit calibrated`` (default) runs the trainer's own ``grpo.credit_advantages`` with the std
 floor / cap / drop settings given here; ``--credit legacy`` the paper's formula (no floor, no cap).
 ``--families all`` adds ``capacity_upgrade`` to ``rollout.edit_families``. The share of specs at the
 optimum is read back from each arm's saved rollouts.
 
-Measured here (2-core CPU, two processes of 8 seeds, one core each; 2026-12-05 at 0390541): 16 seeds, 20 steps,
-window 5, lr 5e-4, kl 0.04, T 0.7, grammar on, SFT 400 steps (r* = 0.638, target 0.574), 6 min 47 s:
+Measured here (2-core CPU, two processes of 8 seeds, one core each; 2026-12-05 at 93f2ad4): 20 steps, window 5,
+lr 5e-4, kl 0.04, T 0.7, grammar on, SFT 400 steps (r* = 0.638, target 0.574), ~7 min per 16 seeds. The GRPO arm
+is the same in every run (same seeds, no edits); the span term's weighting and β decide the rest:
 
-    grpo     steps_to_90%=16.19 ± 1.41 (s.e., n=16, censored=8) final_reward=0.388 ± 0.047 optimal_share=0.18 ± 0.07
-    grpo+cf  steps_to_90%=16.00 ± 1.45 (s.e., n=16, censored=6) final_reward=0.402 ± 0.044 optimal_share=0.11 ± 0.06
-    ratio=0.988
+    span term (cf arm)          seeds   steps ratio   optimal_share cf - grpo (paired)   final_reward cf - grpo
+    β·|Δ̃|·Δ̃, β = 1 (0390541)    16      0.988         0.11 vs 0.18 (unpaired)            +0.014
+    β·|Δ̃|·Δ̃, β = 4              0-15    0.984         -0.025 ± 0.025 (cf ahead 4/16)     +0.026 ± 0.062
+    β·Δ̃,     β = 1              0-15    0.927         -0.014 ± 0.024 (cf ahead 6/16)     +0.032 ± 0.048
+    β·Δ̃,     β = 4 (default)    0-15    0.968         +0.146 ± 0.039 (cf ahead 12/16)    +0.093 ± 0.082
+    β·Δ̃,     β = 4 (default)    16-31   1.111         +0.091 ± 0.050 (cf ahead 10/16)    +0.025 ± 0.081
+    β·Δ̃,     β = 4, pooled      0-31    1.034         +0.118 ± 0.032 (cf ahead 22/32)    +0.059 ± 0.057
 
-So issue #10's target (ratio <= 0.75) is NOT reached: the counterfactual arm is within noise of GRPO on every
-figure. The metric is mostly noise here: with 2 tasks per step, a step's mean reward swings with the tasks it
-draws (seed 0's GRPO curve dips from 0.63 to -0.02 and back with 75% of its specs at the optimum), and
-(large, medium) earns 0.601 > 0.9 r*, so several runs "reach" the target at an optimal share of 0.00 (seeds 2,
-15). Some runs do learn the pair (seed 0: optimal share 0.17 -> 0.85 by step 18 in both arms). The 2026-12-03
-run (before the grammar and spec changes since) measured ratio 0.956 with both arms below their SFT start; a
-4-seed check this session gave 0.913 with ``--families all --edits 2`` and 1.043 with ``--edits 4``.
+So the linear term at β = 4 (GRPOConfig's defaults since this run) does what credit assignment is for: the share of
+specs at the optimal (large, small) pair rises by 0.12 ± 0.03 over plain GRPO at the same seeds (0.29 vs 0.17 in
+the last 5 steps). The quadratic weight squashed the checker's price contrast (Δ̃ ≈ 0.1 -> 0.01) and did nothing at
+β = 1 or 4. Issue #10's target on steps to 90% of r* (ratio <= 0.75) is still NOT reached (1.034 pooled): that
+metric is mostly noise here. With 2 tasks per step a step's mean reward swings with the tasks it draws, and
+(large, medium) earns 0.601 > 0.9 r*, so runs "reach" the target with no spec at the optimum (seeds 2 and 15: at
+step 5-6, optimal share 0.00 in both arms), and runs at a 0.5 optimal share may not. The paired share is printed
+beside it for that reason.
 
-Run one seed per process with --sft-cache and --json, then --merge.
+Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
-    OMP_NUM_THREADS=1 python bench/credit.py [--seeds 16] [--steps 12] [--families paper|all]
-    python bench/credit.py --merge run0.json run1.json ...
+    OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --steps 20 --window 5 \
+        --sft-cache /tmp/sft0 --json run0.json     # and --first-seed 8 ... run8.json beside it
+    python bench/credit.py --merge run0.json run8.json
+    (--cf-weight quadratic, --cf-coef 1, --families all, --credit legacy: the variants)
 """
 
 from __future__ import annotations
@@ -161,7 +170,8 @@ def _credit_overrides(args: argparse.Namespace) -> dict:
     if args.credit == "legacy":  # the paper's formula: no std floor, no cap, no dropped groups
         return {"std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
     return {"std_floor": args.std_floor, "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
-            "drop_uniform_success_groups": args.drop_uniform}
+            "drop_uniform_success_groups": args.drop_uniform,
+            "cf_weight_by_abs_delta": args.cf_weight == "quadratic"}
 
 
 def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
@@ -198,7 +208,21 @@ def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
         summary[name] = m
         print(f"{name:8s} steps_to_90%={m:.2f} ± {se:.2f} (s.e., n={len(reached)}, censored={censored}) "
               f"final_reward={final[0]:.3f} ± {final[1]:.3f} optimal_share={share[0]:.2f} ± {share[1]:.2f}")
+    for key, label in (("optimal_share", "optimal_share"), ("curve", "final_reward")):
+        diff, se, wins = paired_difference(results["grpo"], results["grpo+cf"], key, window)
+        print(f"paired cf - grpo {label} (last {window} steps, same seed): {diff:+.3f} ± {se:.3f} (s.e.), "
+              f"cf ahead on {wins}/{len(results['grpo'])} seeds")
     print(f"ratio={summary['grpo+cf'] / summary['grpo']:.3f}")
+
+
+def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window: int) -> tuple[float, float, int]:
+    """Mean ± s.e. over seeds of (cf − grpo) in ``key``'s last ``window`` steps, and on how many seeds cf is ahead.
+    Both arms of a seed start from the same SFT model and see the same tasks, so the pairing removes the
+    between-seed spread that the steps-to-target metric keeps."""
+    diffs = [statistics.fmean(c[key][-window:]) - statistics.fmean(g[key][-window:])
+             for g, c in zip(grpo, cf, strict=True)]
+    m, se = mean_se(diffs)
+    return m, se, sum(d > 0 for d in diffs)
 
 
 def merge(paths: Sequence[Path]) -> None:
@@ -230,7 +254,10 @@ def main() -> None:
     ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)
     ap.add_argument("--cf-max-ratio", type=float, default=GRPOConfig().cf_max_ratio, help="<= 0: no cap")
     ap.add_argument("--drop-uniform", action="store_true", help="GRPOConfig.drop_uniform_success_groups")
-    ap.add_argument("--cf-coef", type=float, default=1.0)
+    ap.add_argument("--cf-coef", type=float, default=GRPOConfig().cf_coef, help="β of the span term")
+    ap.add_argument("--cf-weight", choices=["quadratic", "linear"],
+                    default="quadratic" if GRPOConfig().cf_weight_by_abs_delta else "linear",
+                    help="span term β·|Δ̃|·Δ̃ (quadratic, GRPOConfig.cf_weight_by_abs_delta) or β·Δ̃ (linear)")
     ap.add_argument("--lambda-cost", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")

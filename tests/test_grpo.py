@@ -30,7 +30,8 @@ from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs
 
 def test_config_defaults_and_errors() -> None:
     cfg = GRPOConfig()
-    assert (cfg.clip_eps, cfg.kl_coef, cfg.cf_coef, cfg.loss_aggregation) == (0.2, 0.04, 1.0, "token")
+    assert (cfg.clip_eps, cfg.kl_coef, cfg.cf_coef, cfg.loss_aggregation) == (0.2, 0.04, 4.0, "token")
+    assert not cfg.cf_weight_by_abs_delta  # the linear span term (bench/credit.py: the quadratic one did nothing)
     assert (cfg.cf_delta_scale, cfg.cf_clip) == ("group_std", 2.0)
     assert (cfg.std_floor, cfg.drop_uniform_success_groups, cfg.cf_max_ratio, cfg.cf_ratio_floor) == (
         0.1, False, 2.0, 0.5)
@@ -265,10 +266,15 @@ def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None
     centred = torch.tensor(rewards, dtype=torch.float64) - sum(rewards) / 6
     assert group.tolist() == pytest.approx((centred / (0.1 + 1e-6)).tolist(), abs=1e-6)
     assert group.abs().max().item() < 0.16  # a right-vs-wrong group has ±1
-    # span: Δ̃ = -0.02 / 0.1 = -0.2, β|Δ̃|Δ̃ = -0.04 on top of Â_0 = 0.005 / 0.1 = 0.05
-    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.04, 0.05], abs=1e-5)
+    # span: Δ̃ = -0.02 / 0.1 = -0.2, β·Δ̃ = 4 · -0.2 = -0.8 on top of Â_0 = 0.005 / 0.1 = 0.05: under the cap
+    # ρ · max(|Â|, a_min) = 2 · 0.5 = 1, so a price contrast stays below a right-vs-wrong one (capped at 2|Â|)
+    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.8, 0.05], abs=1e-5)
     assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 0)
     assert credit.scaled_delta_abs == {"capacity_downgrade": pytest.approx(0.2, abs=1e-5)}
+    # the quadratic weight at β = 1 (the default before 2026-12-05) makes it -0.04
+    quadratic = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits,
+                                  GRPOConfig(cf_coef=1.0, cf_weight_by_abs_delta=True))
+    assert quadratic.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.04, 0.05], abs=1e-5)
     # without the floor (the old behaviour) the same group gets full-size advantages and a -4 span term
     old = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits,
                             GRPOConfig(std_floor=0.0, cf_max_ratio=None))
@@ -326,17 +332,20 @@ def test_drop_uniform_success_groups_zeroes_the_group_term_keeps_span_terms() ->
 
 
 def test_credit_without_calibration_equals_the_paper_formula() -> None:
-    """std_floor 0, no cap, no drop: A_t = Â + Σ β|Δ̃|Δ̃ exactly as the pieces compute it."""
+    """std_floor 0, no cap, no drop: A_t = Â + Σ β·Δ̃ (or β|Δ̃|Δ̃) exactly as the pieces compute it."""
     rewards, ids = [1.0, 0.0, 0.4, 0.3], ["a", "a", "b", "b"]
     m = torch.tensor([False, True, True])
     edits = [[(m, 0.5, "capacity_downgrade")], [], [(m, -0.2, "drop_dependency")], []]
-    cfg = GRPOConfig(std_floor=0.0, cf_max_ratio=None)
-    credit = credit_advantages(rewards, ids, [1, 0, 0, 0], [3] * 4, edits, cfg)
-    group = batched_group_advantages(rewards, ids)
-    divs = contrast_divisors(rewards, ids, cfg)
-    for row in range(4):
-        cf = counterfactual_token_advantages(3, [(e[0], e[1]) for e in edits[row]], 1.0, True, divs[row], 2.0)
-        assert credit.advantages[row].tolist() == pytest.approx(token_advantages(group[row].item(), 3, cf).tolist())
+    for beta, quadratic in ((4.0, False), (1.0, True)):
+        cfg = GRPOConfig(std_floor=0.0, cf_max_ratio=None, cf_coef=beta, cf_weight_by_abs_delta=quadratic)
+        credit = credit_advantages(rewards, ids, [1, 0, 0, 0], [3] * 4, edits, cfg)
+        group = batched_group_advantages(rewards, ids)
+        divs = contrast_divisors(rewards, ids, cfg)
+        for row in range(4):
+            pairs = [(e[0], e[1]) for e in edits[row]]
+            cf = counterfactual_token_advantages(3, pairs, beta, quadratic, divs[row], 2.0)
+            want = token_advantages(group[row].item(), 3, cf).tolist()
+            assert credit.advantages[row].tolist() == pytest.approx(want)
     with pytest.raises(ValueError, match="lengths has 3 entries"):
         credit_advantages(rewards, ids, [1, 0, 0, 0], [3] * 3, edits, cfg)
 
