@@ -26,10 +26,10 @@ Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row s
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py --skip sc3@large    # 31 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
-                                                 # 7c86cf3, 2026-12-05: the sweep taught cot@large and lemon =
+    python bench/learning.py --skip sc3@large    # 21 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
+                                                 # 83b136d, 2026-12-05: the sweep taught cot@large and lemon =
                                                  # lemon-sft = grpo-only wrote its spec 60/60: 0.633 = cot@large,
-                                                 # ratio 1.000, cost_ratio 1.000, 1.167 with the orchestrator's
+                                                 # ratio 1.000, cost_ratio 1.000, 1.169 with the orchestrator's
                                                  # own call; a tie by imitation, GRPO added nothing)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
@@ -94,7 +94,7 @@ def markdown_row(r: dict[str, Any]) -> str:
     mix = ", ".join(f"{k} {v:.2f}" for k, v in r["capacity_mix"].items())
     return (f"| {r['method']} | {r['accuracy']:.3f} [{r['accuracy_ci_low']:.2f}, {r['accuracy_ci_high']:.2f}] | "
             f"{r['n']} | {r['valid_rate']:.2f} | {r['mean_cost_usd']:.2e} | {orchestrator} | "
-            f"{r['mean_tokens']:.0f} | {mix} |")
+            f"{r['mean_tokens']:.0f} | {r['truncated_answers']} | {r.get('looped_answers', 0)} | {mix} |")
 
 
 def train_arm(cfg: TrainConfig, sft_dir: Path, train: list[Any], iterations: int) -> Any:
@@ -228,8 +228,8 @@ def main() -> None:
     by = {r["method"]: r for r in rows}
     saved.write_text(json.dumps({**meta, "sft": sft.model_dump(), "rows": rows}, indent=2, default=str))
     (out / "pareto.png").write_bytes(plot_pareto(rows))
-    lines = ["| method | accuracy [95% CI] | n | valid | $/ex agents | orchestrator | tokens/ex | capacity mix |",
-             "|---|---|---|---|---|---|---|---|"] + [markdown_row(r) for r in rows]
+    lines = ["| method | accuracy [95% CI] | n | valid | $/ex agents | orchestrator | tokens/ex | truncated | looped | "
+             "capacity mix |", "|---|---|---|---|---|---|---|---|---|---|"] + [markdown_row(r) for r in rows]
     (out / "learning.md").write_text("\n".join(lines) + "\n")
     lemon, ref, sft_row = by["lemon"], by["cot@large"], by["lemon-sft"]
     ratio = lemon["accuracy"] / ref["accuracy"] if ref["accuracy"] else float("nan")
