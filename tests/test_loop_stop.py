@@ -11,9 +11,9 @@ import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
 
 from lemon_core.backends import transformers_backend
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest, repeating_tail
 from lemon_core.backends.simulated import register_examples
-from lemon_core.backends.transformers_backend import TransformersBackend, repeating_tail
+from lemon_core.backends.transformers_backend import TransformersBackend
 from lemon_core.baselines import cot
 from lemon_core.benchmarks import Example, get
 from lemon_core.evaluate import evaluate, looped_agents, truncated_agents
@@ -128,3 +128,28 @@ def test_a_looped_answer_is_counted_as_looped_not_truncated_through_the_executor
     plain = execute_specs([cot("small")], examples[:1], pool.model_copy(deep=True))[0]
     plain.agents[0].completion_tokens = 10_000
     assert truncated_agents(plain, pool) == 1 and looped_agents(plain) == 0
+
+
+def test_vllm_marks_a_greedy_answer_that_ran_to_its_cap_in_a_loop() -> None:
+    """vLLM decodes the batch itself, so a loop runs to the cap; the backend marks it ``looped`` afterwards."""
+    from types import SimpleNamespace
+
+    from lemon_core.backends.vllm_backend import VLLMBackend
+
+    backend = object.__new__(VLLMBackend)  # no engine: only the output conversion is exercised
+    backend.loop_stop_repeats, backend.loop_stop_min_tokens = 4, 32
+    looping = [60, 61] + [40, 41, 42, 43, 44, 45, 46, 47, 48] * 6
+
+    def output(finish: str, ids: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(prompt_token_ids=[1, 2, 3],
+                               outputs=[SimpleNamespace(text="x", token_ids=ids, finish_reason=finish)])
+
+    greedy = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=len(looping))
+    sampled = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=len(looping), temperature=0.7)
+    marked = backend._completion(output("length", looping), greedy, 0.1)
+    assert marked.looped and marked.completion_tokens == len(looping)  # every generated token is still paid
+    assert not backend._completion(output("stop", looping), greedy, 0.1).looped  # it ended by itself
+    assert not backend._completion(output("length", looping), sampled, 0.1).looped
+    assert not backend._completion(output("length", list(range(56))), greedy, 0.1).looped  # cut off, no loop
+    with pytest.raises(BackendError, match="loop_stop_min_tokens=0"):
+        VLLMBackend("smollm2-135m-instruct", loop_stop_min_tokens=0)  # checked before vLLM is imported

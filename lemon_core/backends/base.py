@@ -67,3 +67,37 @@ class Backend(Protocol):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]: ...
 
     def close(self) -> None: ...
+
+
+def repeating_tail(tokens: Sequence[int], repeats: int, min_tokens: int, max_period: int = 64) -> int | None:
+    """The period p of a run of ``tokens``' last p tokens repeated ``repeats`` times in a row, covering at least
+    ``min_tokens`` tokens (``p * repeats >= min_tokens``), the shortest such p; None if the tail is no loop.
+
+    ``[.. 5, 7, 9, 5, 7, 9, 5, 7, 9]`` with repeats 3 and min_tokens 9 gives 3. min_tokens keeps short,
+    legitimate repetitions (``1 1 1``, a table's ``| |``) from counting; the cost is a few list comparisons per
+    row and step, beside a forward pass of the whole batch."""
+    n = len(tokens)
+    for p in range(1, min(max_period, n // repeats) + 1):
+        if p * repeats < min_tokens or tokens[n - 1] != tokens[n - 1 - p]:
+            continue
+        tail = list(tokens[n - p :])
+        if all(list(tokens[n - (k + 1) * p : n - k * p]) == tail for k in range(1, repeats)):
+            return p
+    return None
+
+
+def agent_answer_loops(request: GenerationRequest, tokens: Sequence[int], repeats: int, min_tokens: int) -> bool:
+    """A greedy agent answer (no grammar) whose tokens end in a loop: under greedy decoding it would repeat until
+    any token cap, so a backend stops it (transformers) or marks it (vLLM) as ``Completion.looped``. Sampled rows can
+    leave a loop and a spec under a grammar is left to its parser, so those never count. ``repeats`` 0 = off."""
+    return (repeats >= 2 and request.temperature <= 0 and request.grammar is None
+            and repeating_tail(tokens, repeats, min_tokens) is not None)
+
+
+def check_loop_stop(repeats: int, min_tokens: int) -> None:
+    """The backends' loop options (``loop_stop_repeats``, ``loop_stop_min_tokens``), with the fix in the message."""
+    if repeats == 1 or repeats < 0:
+        raise BackendError(f"loop_stop_repeats={repeats}: use 0 (never stop a loop) or >= 2 "
+                           "(a run of tokens seen that many times in a row ends a greedy answer)")
+    if min_tokens < 1:
+        raise BackendError(f"loop_stop_min_tokens={min_tokens}: use >= 1 (32 by default)")

@@ -9,12 +9,12 @@ Sampling is reproducible per request: each row draws from its own ``torch.Genera
 shared its batch. That is why the decoding loop is written here instead of calling ``model.generate``,
 whose sampling uses one global RNG stream for the whole batch.
 
-A greedy row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in a
-row, ``loop_stop_min_tokens`` tokens at least) is stopped there and its completion marked ``looped``: under
-greedy decoding such a loop runs to the level's token cap (on the CPU pool all 23 of SmolLM2's 60 capped
-MultiArith CoT answers were ``The answer is 12.`` repeated), so a larger cap buys nothing and the tokens
-until the cap are wasted decode steps for the whole batch. The evaluation counts those answers apart
-(``looped_answers``) from answers cut off mid-reasoning (``truncated_answers``).
+A greedy agent row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in
+a row, ``loop_stop_min_tokens`` tokens at least: ``base.agent_answer_loops``) is stopped there and its
+completion marked ``looped``: under greedy decoding such a loop runs to the level's token cap (on the CPU pool
+all 23 of SmolLM2's 60 capped MultiArith CoT answers were ``The answer is 12.`` repeated), so a larger cap buys
+nothing and the tokens until the cap are wasted decode steps for the whole batch. The evaluation counts those
+answers apart (``looped_answers``) from answers cut off mid-reasoning (``truncated_answers``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+from lemon_core.backends.base import (
+    BackendError,
+    Completion,
+    GenerationRequest,
+    agent_answer_loops,
+    check_loop_stop,
+)
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,9 +65,7 @@ class TransformersBackend:
             raise BackendError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
             raise BackendError(f"max_batch_size={max_batch_size} must be >= 1")
-        if loop_stop_repeats == 1 or loop_stop_repeats < 0:
-            raise BackendError(f"loop_stop_repeats={loop_stop_repeats}: use 0 (never stop a loop) or >= 2 "
-                               "(a run of tokens seen that many times in a row ends a greedy answer)")
+        check_loop_stop(loop_stop_repeats, loop_stop_min_tokens)
         if num_threads is not None:
             # Process-wide. On a busy small machine, fewer intra-op threads than cores avoids OpenMP
             # threads spinning against each other (measured 5x faster decoding with 1 thread of 2 here).
@@ -207,27 +211,7 @@ class TransformersBackend:
         ]
 
     def _stuck_in_loop(self, request: GenerationRequest, tokens: list[int]) -> bool:
-        """A greedy agent row whose tokens end in a loop (``repeating_tail``). Sampled rows can leave a loop, and
-        a spec under a grammar (the service's orchestrator) is left to its parser, so those never stop here."""
-        return (self.loop_stop_repeats >= 2 and request.temperature <= 0 and request.grammar is None
-                and repeating_tail(tokens, self.loop_stop_repeats, self.loop_stop_min_tokens) is not None)
-
-
-def repeating_tail(tokens: Sequence[int], repeats: int, min_tokens: int, max_period: int = 64) -> int | None:
-    """The period p of a run of ``tokens``' last p tokens repeated ``repeats`` times in a row, covering at least
-    ``min_tokens`` tokens (``p * repeats >= min_tokens``), the shortest such p; None if the tail is no loop.
-
-    ``[.. 5, 7, 9, 5, 7, 9, 5, 7, 9]`` with repeats 3 and min_tokens 9 gives 3. min_tokens keeps short,
-    legitimate repetitions (``1 1 1``, a table's ``| |``) from counting; the cost is a few list comparisons per
-    row and step, beside a forward pass of the whole batch."""
-    n = len(tokens)
-    for p in range(1, min(max_period, n // repeats) + 1):
-        if p * repeats < min_tokens or tokens[n - 1] != tokens[n - 1 - p]:
-            continue
-        tail = list(tokens[n - p :])
-        if all(list(tokens[n - (k + 1) * p : n - k * p]) == tail for k in range(1, repeats)):
-            return p
-    return None
+        return agent_answer_loops(request, tokens, self.loop_stop_repeats, self.loop_stop_min_tokens)
 
 
 def _generator(seed: int) -> torch.Generator:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest, agent_answer_loops, check_loop_stop
 
 VLLM_MISSING = "vllm is not installed; pip install 'lemon[gpu]' (GPU) or 'lemon[cpu-vllm]'"
 
@@ -34,8 +34,12 @@ class VLLMBackend:
 
     greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
 
-    def __init__(self, model: str, dtype: str = "auto", seed: int = 0, **engine_kwargs: Any) -> None:
+    def __init__(self, model: str, dtype: str = "auto", seed: int = 0, loop_stop_repeats: int = 4,
+                 loop_stop_min_tokens: int = 32, **engine_kwargs: Any) -> None:
         from lemon_core.models import ModelError, resolve_model
+
+        check_loop_stop(loop_stop_repeats, loop_stop_min_tokens)
+        self.loop_stop_repeats, self.loop_stop_min_tokens = loop_stop_repeats, loop_stop_min_tokens
 
         vllm = _import_vllm()
         try:
@@ -70,7 +74,16 @@ class VLLMBackend:
         except Exception as e:  # one bad batch fails its rows, never the executor
             return [Completion("", error=f"vllm: {type(e).__name__}: {e}") for _ in requests]
         latency = (time.perf_counter() - t0) / len(requests)
-        return [_completion(out, latency) for out in outputs]
+        return [self._completion(out, r, latency) for out, r in zip(outputs, requests, strict=True)]
+
+    def _completion(self, output: Any, request: GenerationRequest, latency: float) -> Completion:
+        """vLLM cannot stop a loop mid-batch here, so a greedy agent answer that ran to its cap in a loop is
+        marked ``looped`` (counted apart from ``truncated``, as the transformers backend's stopped loops are)."""
+        completion = _completion(output, latency)
+        ids = list(output.outputs[0].token_ids) if output.outputs else []
+        completion.looped = (completion.extra.get("finish_reason") == "length"
+                             and agent_answer_loops(request, ids, self.loop_stop_repeats, self.loop_stop_min_tokens))
+        return completion
 
     def close(self) -> None:
         """Drop the engine so its worker processes and KV-cache memory are released."""
