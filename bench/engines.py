@@ -86,7 +86,7 @@ def transformers_worker(model: str, threads: int, batches: Sequence[int], max_to
     from lemon_core.backends.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(model, num_threads=threads or None, max_batch_size=max(batches),
-                                  packed_weights=packed)
+                                  packed_weights=packed, loop_stop_repeats=0)  # vLLM decodes loops to the end too
     backend.eos_ids = set()  # no early stop: every engine generates exactly max_tokens per prompt
 
     def generate(prompts: list[str], n: int) -> int:
