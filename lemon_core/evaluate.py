@@ -253,11 +253,10 @@ def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool:
 
 def _invalid_record(example: Any, spec: InvalidSpec, reward_cfg: RewardConfig | None) -> dict[str, Any]:
     record = {"id": example.id, "gold": example.answer, "prediction": None, "score": 0.0, "valid": False,
-              "agent_calls": 0, "tokens": 0, "truncated_answers": 0, "looped_answers": 0, "task": example.question,
-              "spec": None,
-              "answer": "", "error": f"invalid_spec: {spec.error}", "orchestrator_output": spec.text,
-              "truncated_spec": spec.truncated, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0,
-              "latency_s": 0.0, "agents": []}
+              "agent_calls": 0, "tokens": 0, "truncated_answers": 0, "looped_answers": 0,
+              "task": example.question, "spec": None, "answer": "", "error": f"invalid_spec: {spec.error}",
+              "orchestrator_output": spec.text, "truncated_spec": spec.truncated, "prompt_tokens": 0,
+              "completion_tokens": 0, "cost": 0.0, "latency_s": 0.0, "agents": []}
     if reward_cfg is not None:
         record["reward"] = compute_reward(0.0, None, reward_cfg).total
     return record

@@ -11,7 +11,7 @@ import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
 
 from lemon_core.backends import transformers_backend
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest, repeating_tail
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop, repeating_tail
 from lemon_core.backends.simulated import register_examples
 from lemon_core.backends.transformers_backend import TransformersBackend
 from lemon_core.baselines import cot
@@ -67,9 +67,9 @@ def test_a_greedy_loop_is_stopped_and_marked_while_a_sampled_row_runs_to_its_cap
     assert not capped.looped and capped.completion_tokens == 120  # sampling can leave a loop: never stopped
 
     looping = lead + cycle * 4
-    assert backend._stuck_in_loop(greedy, looping)
+    assert backend.loop_stop.ends(greedy, looping)
     spec_request = GenerationRequest(greedy.messages, 120, grammar=object())  # a spec is left to its parser
-    assert not backend._stuck_in_loop(spec_request, looping)
+    assert not backend.loop_stop.ends(spec_request, looping)
 
     off = TransformersBackend(str(model_dir), loop_stop_repeats=0)
     monkeypatch.setattr(transformers_backend, "_pick", _cycle_picker(cycle, lead))
@@ -134,10 +134,9 @@ def test_vllm_marks_a_greedy_answer_that_ran_to_its_cap_in_a_loop() -> None:
     """vLLM decodes the batch itself, so a loop runs to the cap; the backend marks it ``looped`` afterwards."""
     from types import SimpleNamespace
 
-    from lemon_core.backends.vllm_backend import VLLMBackend
+    from lemon_core.backends.vllm_backend import VLLMBackend, _completion
 
-    backend = object.__new__(VLLMBackend)  # no engine: only the output conversion is exercised
-    backend.loop_stop_repeats, backend.loop_stop_min_tokens = 4, 32
+    rule = LoopStop(repeats=4, min_tokens=32)  # no engine: only the output conversion is exercised
     looping = [60, 61] + [40, 41, 42, 43, 44, 45, 46, 47, 48] * 6
 
     def output(finish: str, ids: list[int]) -> SimpleNamespace:
@@ -146,10 +145,10 @@ def test_vllm_marks_a_greedy_answer_that_ran_to_its_cap_in_a_loop() -> None:
 
     greedy = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=len(looping))
     sampled = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=len(looping), temperature=0.7)
-    marked = backend._completion(output("length", looping), greedy, 0.1)
+    marked = _completion(output("length", looping), 0.1, greedy, rule)
     assert marked.looped and marked.completion_tokens == len(looping)  # every generated token is still paid
-    assert not backend._completion(output("stop", looping), greedy, 0.1).looped  # it ended by itself
-    assert not backend._completion(output("length", looping), sampled, 0.1).looped
-    assert not backend._completion(output("length", list(range(56))), greedy, 0.1).looped  # cut off, no loop
+    assert not _completion(output("stop", looping), 0.1, greedy, rule).looped  # it ended by itself
+    assert not _completion(output("length", looping), 0.1, sampled, rule).looped
+    assert not _completion(output("length", list(range(56))), 0.1, greedy, rule).looped  # cut off, no loop
     with pytest.raises(BackendError, match="loop_stop_min_tokens=0"):
         VLLMBackend("smollm2-135m-instruct", loop_stop_min_tokens=0)  # checked before vLLM is imported

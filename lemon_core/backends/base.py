@@ -52,7 +52,7 @@ class Completion:
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
-    looped: bool = False  # a greedy answer stopped in an exact repetition loop (transformers_backend.repeating_tail)
+    looped: bool = False  # a greedy agent answer that ended in an exact repetition loop (LoopStop)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -86,18 +86,23 @@ def repeating_tail(tokens: Sequence[int], repeats: int, min_tokens: int, max_per
     return None
 
 
-def agent_answer_loops(request: GenerationRequest, tokens: Sequence[int], repeats: int, min_tokens: int) -> bool:
-    """A greedy agent answer (no grammar) whose tokens end in a loop: under greedy decoding it would repeat until
-    any token cap, so a backend stops it (transformers) or marks it (vLLM) as ``Completion.looped``. Sampled rows can
+@dataclass(frozen=True)
+class LoopStop:
+    """When a greedy agent answer is stuck: its tokens end in the same run repeated ``repeats`` times in a row,
+    ``min_tokens`` tokens at least (``repeating_tail``). Under greedy decoding such an answer would repeat until any
+    token cap, so a backend stops it (transformers) or marks it (vLLM) as ``Completion.looped``. Sampled rows can
     leave a loop and a spec under a grammar is left to its parser, so those never count. ``repeats`` 0 = off."""
-    return (repeats >= 2 and request.temperature <= 0 and request.grammar is None
-            and repeating_tail(tokens, repeats, min_tokens) is not None)
 
+    repeats: int = 4
+    min_tokens: int = 32
 
-def check_loop_stop(repeats: int, min_tokens: int) -> None:
-    """The backends' loop options (``loop_stop_repeats``, ``loop_stop_min_tokens``), with the fix in the message."""
-    if repeats == 1 or repeats < 0:
-        raise BackendError(f"loop_stop_repeats={repeats}: use 0 (never stop a loop) or >= 2 "
-                           "(a run of tokens seen that many times in a row ends a greedy answer)")
-    if min_tokens < 1:
-        raise BackendError(f"loop_stop_min_tokens={min_tokens}: use >= 1 (32 by default)")
+    def __post_init__(self) -> None:
+        if self.repeats == 1 or self.repeats < 0:
+            raise BackendError(f"loop_stop_repeats={self.repeats}: use 0 (never stop a loop) or >= 2 "
+                               "(a run of tokens seen that many times in a row ends a greedy answer)")
+        if self.min_tokens < 1:
+            raise BackendError(f"loop_stop_min_tokens={self.min_tokens}: use >= 1 ({LoopStop.min_tokens} by default)")
+
+    def ends(self, request: GenerationRequest, tokens: Sequence[int]) -> bool:
+        return (self.repeats >= 2 and request.temperature <= 0 and request.grammar is None
+                and repeating_tail(tokens, self.repeats, self.min_tokens) is not None)

@@ -10,7 +10,7 @@ shared its batch. That is why the decoding loop is written here instead of calli
 whose sampling uses one global RNG stream for the whole batch.
 
 A greedy agent row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in
-a row, ``loop_stop_min_tokens`` tokens at least: ``base.agent_answer_loops``) is stopped there and its
+a row, ``loop_stop_min_tokens`` tokens at least: ``base.LoopStop``) is stopped there and its
 completion marked ``looped``: under greedy decoding such a loop runs to the level's token cap (on the CPU pool
 all 23 of SmolLM2's 60 capped MultiArith CoT answers were ``The answer is 12.`` repeated), so a larger cap buys
 nothing and the tokens until the cap are wasted decode steps for the whole batch. The evaluation counts those
@@ -25,13 +25,7 @@ from typing import Any
 
 import torch
 
-from lemon_core.backends.base import (
-    BackendError,
-    Completion,
-    GenerationRequest,
-    agent_answer_loops,
-    check_loop_stop,
-)
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,8 +48,8 @@ class TransformersBackend:
         max_batch_size: int = 16,
         num_threads: int | None = None,
         packed_weights: bool | None = None,
-        loop_stop_repeats: int = 4,
-        loop_stop_min_tokens: int = 32,
+        loop_stop_repeats: int = LoopStop.repeats,
+        loop_stop_min_tokens: int = LoopStop.min_tokens,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -65,7 +59,7 @@ class TransformersBackend:
             raise BackendError(f"dtype={dtype!r} is not supported; use one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
             raise BackendError(f"max_batch_size={max_batch_size} must be >= 1")
-        check_loop_stop(loop_stop_repeats, loop_stop_min_tokens)
+        self.loop_stop = LoopStop(loop_stop_repeats, loop_stop_min_tokens)
         if num_threads is not None:
             # Process-wide. On a busy small machine, fewer intra-op threads than cores avoids OpenMP
             # threads spinning against each other (measured 5x faster decoding with 1 thread of 2 here).
@@ -96,7 +90,6 @@ class TransformersBackend:
         self.device = torch.device(device)
         self.seed = seed
         self.max_batch_size = max_batch_size
-        self.loop_stop_repeats, self.loop_stop_min_tokens = loop_stop_repeats, loop_stop_min_tokens
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -174,7 +167,7 @@ class TransformersBackend:
                     ended_by[row] = "eos"
                     continue
                 new_tokens[row].append(tok)
-                if self._stuck_in_loop(requests[row], new_tokens[row]):
+                if self.loop_stop.ends(requests[row], new_tokens[row]):
                     ended_by[row] = "loop"
                     continue
                 if len(new_tokens[row]) < requests[row].max_tokens:
@@ -209,9 +202,6 @@ class TransformersBackend:
             )
             for prompt, toks, end in zip(prompts, new_tokens, ended_by, strict=True)
         ]
-
-    def _stuck_in_loop(self, request: GenerationRequest, tokens: list[int]) -> bool:
-        return agent_answer_loops(request, tokens, self.loop_stop_repeats, self.loop_stop_min_tokens)
 
 
 def _generator(seed: int) -> torch.Generator:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest, agent_answer_loops, check_loop_stop
+from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop
 
 VLLM_MISSING = "vllm is not installed; pip install 'lemon[gpu]' (GPU) or 'lemon[cpu-vllm]'"
 
@@ -34,12 +34,11 @@ class VLLMBackend:
 
     greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
 
-    def __init__(self, model: str, dtype: str = "auto", seed: int = 0, loop_stop_repeats: int = 4,
-                 loop_stop_min_tokens: int = 32, **engine_kwargs: Any) -> None:
+    def __init__(self, model: str, dtype: str = "auto", seed: int = 0, loop_stop_repeats: int = LoopStop.repeats,
+                 loop_stop_min_tokens: int = LoopStop.min_tokens, **engine_kwargs: Any) -> None:
         from lemon_core.models import ModelError, resolve_model
 
-        check_loop_stop(loop_stop_repeats, loop_stop_min_tokens)
-        self.loop_stop_repeats, self.loop_stop_min_tokens = loop_stop_repeats, loop_stop_min_tokens
+        self.loop_stop = LoopStop(loop_stop_repeats, loop_stop_min_tokens)
 
         vllm = _import_vllm()
         try:
@@ -74,16 +73,7 @@ class VLLMBackend:
         except Exception as e:  # one bad batch fails its rows, never the executor
             return [Completion("", error=f"vllm: {type(e).__name__}: {e}") for _ in requests]
         latency = (time.perf_counter() - t0) / len(requests)
-        return [self._completion(out, r, latency) for out, r in zip(outputs, requests, strict=True)]
-
-    def _completion(self, output: Any, request: GenerationRequest, latency: float) -> Completion:
-        """vLLM cannot stop a loop mid-batch here, so a greedy agent answer that ran to its cap in a loop is
-        marked ``looped`` (counted apart from ``truncated``, as the transformers backend's stopped loops are)."""
-        completion = _completion(output, latency)
-        ids = list(output.outputs[0].token_ids) if output.outputs else []
-        completion.looped = (completion.extra.get("finish_reason") == "length"
-                             and agent_answer_loops(request, ids, self.loop_stop_repeats, self.loop_stop_min_tokens))
-        return completion
+        return [_completion(out, latency, r, self.loop_stop) for out, r in zip(outputs, requests, strict=True)]
 
     def close(self) -> None:
         """Drop the engine so its worker processes and KV-cache memory are released."""
@@ -97,14 +87,19 @@ class VLLMBackend:
         self.llm = None
 
 
-def _completion(output: Any, latency: float) -> Completion:
+def _completion(output: Any, latency: float, request: GenerationRequest, loop_stop: LoopStop) -> Completion:
+    """One vLLM output as a Completion. vLLM cannot stop a loop mid-batch here, so a greedy agent answer that ran to
+    its cap in a loop is marked ``looped`` afterwards (counted apart from truncated answers, as the transformers
+    backend's stopped loops are); its tokens stay paid."""
     if not output.outputs:
         return Completion("", error="vllm returned no output for this request", latency_s=latency)
     first = output.outputs[0]
+    ids = list(first.token_ids)
     return Completion(
         text=first.text,
         prompt_tokens=len(output.prompt_token_ids or []),
-        completion_tokens=len(first.token_ids),
+        completion_tokens=len(ids),
         latency_s=latency,
+        looped=first.finish_reason == "length" and loop_stop.ends(request, ids),
         extra={"finish_reason": first.finish_reason},
     )
