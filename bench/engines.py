@@ -6,7 +6,9 @@ at batch sizes 1/8/32 (the first b prompts as one batch). Each engine runs in it
 peak RSS (``getrusage`` in that process: its own, or its largest child's) is its own. Per engine and batch:
 generated tokens/s, and prefill and decode separately, measured the same way for every engine: prefill is a
 run of the same batch with ``max_tokens=1`` (prompt + one token), decode tok/s is the remaining
-``b * (max_tokens - 1)`` tokens over the remaining time. The last line is
+``b * (max_tokens - 1)`` tokens over the remaining time. Before each batch size every engine runs that
+batch's prefill once untimed (a steady state: lemon's stages run many batches per process, and vLLM's engine
+start runs such a pass itself). The last line is
 ``ratio=<transformers (the embedded default) tok/s / best non-lemon engine tok/s>`` at the largest batch.
 
 Engines:
@@ -16,7 +18,8 @@ Engines:
 * ``transformers-dense``: the same with ``packed_weights=False`` (plain ``F.linear``, MKL sgemm): what packing buys.
 * ``transformers-t1``: the default with one torch thread.
 * ``vllm``: ``vllm.LLM`` (fp32) in the Python given by ``--vllm-python`` (e.g. ``.venv-vllm/bin/python`` made by
-  ``.ci/vllm_cpu_check.sh``), one OpenMP thread bound to core 0; skipped when ``import vllm`` fails there.
+  ``.ci/vllm_cpu_check.sh``), one OpenMP thread bound to each core (``--vllm-threads``, default all);
+  skipped when ``import vllm`` fails there.
 * ``llamacpp``: ``llama_cpp.Llama`` (llama-cpp-python) in ``--llama-python`` on an f32 GGUF of the same model
   (``--gguf``, or converted from ``--model`` with llama.cpp's ``convert_hf_to_gguf.py`` given by
   ``--llama-convert``), 1 thread. Its Python API decodes one sequence at a time, so batch b is b prompts in
@@ -69,6 +72,10 @@ def measure(generate: Any, batches: Sequence[int], max_tokens: int) -> list[dict
     rows = []
     for b in batches:
         prompts = PROMPTS[:b]
+        # Untimed warm-up at this batch's own shape, for every engine alike: the engine's first pass over a
+        # batch of this size pays first-touch page faults for its activations (transformers, batch 32:
+        # prefill 6.0 s the first time, 4.7 s after), and vLLM's engine start already runs such a pass.
+        generate(prompts, 1)
         prefill_s = timed(lambda p=prompts: generate(p, 1))
         t0 = time.perf_counter()
         tokens = generate(prompts, max_tokens)
@@ -244,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
                     help="a Python with vllm (vllm-cpu) installed")
-    ap.add_argument("--vllm-threads", type=int, default=1,
-                    help="cores vLLM's CPU backend binds its OpenMP threads to (it wants one core per thread)")
+    ap.add_argument("--vllm-threads", type=int, default=os.cpu_count() or 1,
+                    help="cores vLLM's CPU backend binds its OpenMP threads to (one thread per core); default: "
+                         "every core, as the embedded default uses (like for like)")
     ap.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python (default: this one)")
     ap.add_argument("--gguf", default=None, help="f32 GGUF of --model for llama.cpp")
     ap.add_argument("--llama-convert", default=None, help="llama.cpp's convert_hf_to_gguf.py, to make the GGUF")

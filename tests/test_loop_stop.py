@@ -36,17 +36,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cycle_picker(cycle: Sequence[int], lead: Sequence[int]) -> object:
-    """A stand-in for the sampler's token choice: each row writes ``lead`` and then ``cycle`` forever, the way
-    SmolLM2 repeats ``The answer is 12.`` until the cap. The model still runs every step."""
+    """A stand-in for the sampler's token choice (``_pick_rows``): each row writes ``lead`` and then ``cycle``
+    forever, the way SmolLM2 repeats ``The answer is 12.`` until the cap. The model still runs every step."""
     streams: dict[int, Iterator[int]] = {}
 
-    def pick(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator) -> int:
-        key = id(generator)  # one generator per row of the batch
-        if key not in streams:
-            streams[key] = iter(list(lead) + list(cycle) * 1000)
-        return next(streams[key])
+    def pick_rows(
+        logits: torch.Tensor, requests: Sequence[GenerationRequest], generators: Sequence[torch.Generator]
+    ) -> list[int]:
+        picks = []
+        for generator in generators:  # one generator per row of the batch
+            stream = streams.setdefault(id(generator), iter(list(lead) + list(cycle) * 1000))
+            picks.append(next(stream))
+        return picks
 
-    return pick
+    return pick_rows
 
 
 def test_a_greedy_loop_is_stopped_and_marked_while_a_sampled_row_runs_to_its_cap(
@@ -55,7 +58,7 @@ def test_a_greedy_loop_is_stopped_and_marked_while_a_sampled_row_runs_to_its_cap
     backend = TransformersBackend(str(model_dir), loop_stop_repeats=4, loop_stop_min_tokens=32)
     cycle, lead = [40, 41, 42, 43, 44, 45, 46, 47, 48], [60, 61, 62]  # period 9, like `The answer is 12.\n\n`
     assert not set(cycle + lead) & backend.eos_ids
-    monkeypatch.setattr(transformers_backend, "_pick", _cycle_picker(cycle, lead))
+    monkeypatch.setattr(transformers_backend, "_pick_rows", _cycle_picker(cycle, lead))
     greedy = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=120)
     sampled = GenerationRequest.chat(None, "What is 2 + 3?", max_tokens=120, temperature=0.7, seed=1)
     stopped, capped = backend.generate([greedy, sampled])
@@ -72,7 +75,7 @@ def test_a_greedy_loop_is_stopped_and_marked_while_a_sampled_row_runs_to_its_cap
     assert not backend.loop_stop.ends(spec_request, looping)
 
     off = TransformersBackend(str(model_dir), loop_stop_repeats=0)
-    monkeypatch.setattr(transformers_backend, "_pick", _cycle_picker(cycle, lead))
+    monkeypatch.setattr(transformers_backend, "_pick_rows", _cycle_picker(cycle, lead))
     [uncut] = off.generate([greedy])
     assert not uncut.looped and uncut.completion_tokens == 120
 
