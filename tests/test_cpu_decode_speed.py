@@ -93,3 +93,17 @@ def test_heap_pad_is_set_on_glibc_and_skipped_where_there_is_no_mallopt(monkeypa
         assert cpu_allocator.keep_heap_pad() is True
     monkeypatch.setattr(cpu_allocator.ctypes.util, "find_library", lambda name: None)
     assert cpu_allocator.keep_heap_pad() is False
+
+
+def test_reserved_layer_crops_and_resets_like_the_concatenating_layer() -> None:
+    reserved, dynamic = ReservedKVLayer(capacity=8), DynamicLayer()
+    for layer in (reserved, dynamic):
+        layer.update(*_states(2, 5, seed=0))
+        layer.crop(-2)  # forget the last 2 positions
+    assert reserved.get_seq_length() == dynamic.get_seq_length() == 3
+    k, v = _states(2, 1, seed=1)
+    got, want = reserved.update(k, v), dynamic.update(k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    reserved.reset()
+    got = reserved.update(k, v)
+    assert reserved.get_seq_length() == 1 and torch.equal(got[0], k)

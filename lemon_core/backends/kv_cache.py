@@ -48,6 +48,16 @@ class ReservedKVLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (transformers' convention: a negative count)."""
+        super().crop(tokens_to_remove)  # checks the sign, slices the views
+        if self.is_initialized:
+            self.length = self.keys.shape[-2]
+
+    def reset(self) -> None:
+        self.length = 0
+        super().reset()
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only these rows (finished rows leave the batch)."""
         if self.is_initialized:

@@ -229,15 +229,13 @@ def _pick_rows(
     # max(-1).indices is argmax (the first maximal index) at a third of argmax's time on CPU.
     greedy = logits.max(-1).indices.tolist() if any(r.temperature <= 0 for r in requests) else []
     return [
-        greedy[i] if r.temperature <= 0 else _pick(logits[i], r, g)
+        greedy[i] if r.temperature <= 0 else _sample(logits[i], r, g)
         for i, (r, g) in enumerate(zip(requests, generators, strict=True))
     ]
 
 
-def _pick(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator) -> int:
-    """Greedy at temperature 0, else temperature + nucleus (top_p) sampling with the row's own RNG."""
-    if request.temperature <= 0:
-        return int(logits.argmax())
+def _sample(logits: torch.Tensor, request: GenerationRequest, generator: torch.Generator) -> int:
+    """Temperature + nucleus (top_p) sampling with the row's own RNG (greedy rows are picked in ``_pick_rows``)."""
     probs = torch.softmax(logits / request.temperature, dim=-1)
     if request.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
