@@ -58,6 +58,11 @@ PROMPTS = [_TEMPLATES[i % 4].format(a=3 + 7 * i, b=2 + i % 9) for i in range(32)
 
 
 # --- the workers (one per engine, each in its own process) ----------------------------------------
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, which a container's CPU set narrows)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
@@ -73,8 +78,9 @@ def measure(generate: Any, batches: Sequence[int], max_tokens: int) -> list[dict
     for b in batches:
         prompts = PROMPTS[:b]
         # Untimed warm-up at this batch's own shape, for every engine alike: the engine's first pass over a
-        # batch of this size pays first-touch page faults for its activations (transformers, batch 32:
-        # prefill 6.0 s the first time, 4.7 s after), and vLLM's engine start already runs such a pass.
+        # batch of this size pays first-touch page faults for its activations (transformers, batch 32, one backend
+        # built after a 1-prompt warm-up: prefill 6.0-7.2 s the first time, 4.6-5.3 s after), and vLLM's engine
+        # start already runs such a pass.
         generate(prompts, 1)
         prefill_s = timed(lambda p=prompts: generate(p, 1))
         t0 = time.perf_counter()
@@ -108,7 +114,7 @@ def transformers_worker(model: str, threads: int, batches: Sequence[int], max_to
 
 def vllm_worker(model: str, threads: int, batches: Sequence[int], max_tokens: int) -> list[dict[str, Any]]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(i) for i in range(threads)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(i) for i in usable_cores()[:threads]))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: its RSS is ours
     from vllm import LLM, SamplingParams
 
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"),
                     help="a Python with vllm (vllm-cpu) installed")
-    ap.add_argument("--vllm-threads", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("--vllm-threads", type=int, default=len(usable_cores()),
                     help="cores vLLM's CPU backend binds its OpenMP threads to (one thread per core); default: "
                          "every core, as the embedded default uses (like for like)")
     ap.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python (default: this one)")

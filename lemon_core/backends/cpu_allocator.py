@@ -8,7 +8,11 @@ Measured on the AVX-512 2-core machine, Qwen2.5-Coder-0.5B fp32, prefill of 32 p
 
     default glibc          7.96 s first batch, 5.03-5.25 s later ones
     M_TOP_PAD  64 MiB      5.62-5.85 s
-    M_TOP_PAD 256 MiB      4.65-4.69 s, the first batch included
+    M_TOP_PAD 256 MiB      4.65-4.69 s, the first batch included (pad set before the model loaded)
+
+Setting ``M_TOP_PAD`` also switches off glibc's sliding mmap threshold, freezing it wherever the process's
+history had moved it (blocks above it are mmapped and page-faulted at every allocation). So the threshold is
+set too, to glibc's ceiling of 32 MiB, and a backend behaves the same whatever the process did before.
 
 The price is up to ``TOP_PAD_BYTES`` of resident memory that the process keeps after a batch. The setting
 is process-wide (it is how glibc works): the CPU backend sets it once, and training in the same process
@@ -18,19 +22,17 @@ benefits too. Other C libraries (musl, macOS) have no ``mallopt``; there nothing
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 TOP_PAD_BYTES = 256 * 1024 * 1024
-_M_TOP_PAD = -2  # glibc's malloc.h
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest allowed value on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+_M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3  # glibc's malloc.h
 
 
 def keep_heap_pad(top_pad_bytes: int = TOP_PAD_BYTES) -> bool:
-    """Set glibc's ``M_TOP_PAD``; True when it was set, False where the C library has no ``mallopt``."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
+    """Set glibc's ``M_TOP_PAD`` and ``M_MMAP_THRESHOLD``; True when both were set, False where the C library
+    has no ``mallopt``."""
     try:
-        mallopt = ctypes.CDLL(name).mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already uses
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_TOP_PAD, top_pad_bytes))
+    return bool(mallopt(_M_TOP_PAD, top_pad_bytes)) and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))

@@ -5,7 +5,10 @@ copies the whole cache of t tokens for each of the 24 layers. Measured on the AV
 Qwen2.5-Coder-0.5B fp32, batch 32, prompts of ~53 tokens: those copies were 22.8 ms of a 220 ms decoding
 step. A ``ReservedKVLayer`` allocates ``[batch, heads, capacity, head_dim]`` once (the padded prompt
 plus the batch's largest ``max_tokens``) and each step copies only the new token's keys and values into it;
-attention reads the filled part as a view. Results are identical (same values, same attention).
+attention reads the filled part as a view. Results are identical (same values, same attention). End to end the
+gain is small: decode at 128 tokens, A/B alternated twice, 159.6 / 153.5 tok/s against 151.7 / 144.5 with
+transformers' cache, about this machine's run-to-run noise; the saved copy grows with the answer's length.
+The room is allocated up front (on a GPU too): [batch, kv heads, capacity, head_dim] per layer.
 
 Only plain full-attention layers are replaced; a model with sliding-window or other layer kinds keeps
 transformers' own layers for those.
@@ -28,6 +31,7 @@ class ReservedKVLayer(DynamicLayer):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Reserve the room on the first update, with its batch size, heads, dtype and device."""
         self.dtype, self.device = key_states.dtype, key_states.device
         self._keys = _buffer(key_states, self.capacity)
         self._values = _buffer(value_states, self.capacity)
@@ -36,6 +40,8 @@ class ReservedKVLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the new positions into the room and return views of everything filled so far: the one copy
+        per step is the new token's, where ``DynamicLayer`` copies the whole cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
@@ -45,7 +51,7 @@ class ReservedKVLayer(DynamicLayer):
         self._keys[:, :, self.length : end].copy_(key_states)
         self._values[:, :, self.length : end].copy_(value_states)
         self.length = end
-        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        self._refresh_views()
         return self.keys, self.values
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -55,14 +61,33 @@ class ReservedKVLayer(DynamicLayer):
             self.length = self.keys.shape[-2]
 
     def reset(self) -> None:
+        """Empty the layer; the next update reserves the room again."""
         self.length = 0
         super().reset()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only these rows (finished rows leave the batch)."""
+        """Keep only these rows (finished rows leave the batch), moved to the front of the same buffers.
+
+        Only the filled positions are copied: copying the whole reserved room at every step where rows finish
+        would cost rows x (prompt + largest max_tokens) per layer, most of it empty."""
         if self.is_initialized:
-            self._keys, self._values = self._keys[indices], self._values[indices]
-            self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+            kept = len(indices)
+            for buffer in (self._keys, self._values):
+                buffer[:kept, :, : self.length] = buffer[indices, :, : self.length]  # the right side is a copy
+            self._keys, self._values = self._keys[:kept], self._values[:kept]
+            self._refresh_views()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("ReservedKVLayer is for lemon's decoding loop; beam search uses DynamicLayer")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("ReservedKVLayer is for lemon's decoding loop; use DynamicLayer to repeat rows")
+
+    def offload(self) -> None:
+        raise NotImplementedError("ReservedKVLayer keeps its room on one device; use DynamicLayer to offload")
+
+    def _refresh_views(self) -> None:
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
 
 def reserved_kv_cache(config: Any, capacity: int) -> DynamicCache:
@@ -80,6 +105,6 @@ def _buffer(states: torch.Tensor, capacity: int) -> torch.Tensor:
 
 
 def _grown(buffer: torch.Tensor, filled: int, capacity: int) -> torch.Tensor:
-    grown = buffer.new_empty(*buffer.shape[:2], capacity, buffer.shape[-1])
+    grown = _buffer(buffer, capacity)
     grown[:, :, :filled] = buffer[:, :, :filled]
     return grown

@@ -49,6 +49,8 @@ class PackedLinear(nn.Module):
         self.bias = dense.bias.detach().float().contiguous() if dense.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:  # the op has no backward: a gradient would be lost
+            raise RuntimeError("PackedLinear is inference-only; train a model with dense nn.Linear layers")
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight_packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -57,7 +59,10 @@ class PackedLinear(nn.Module):
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Packing applies to fp32 models on a CPU whose torch build has oneDNN (every x86/arm wheel)."""
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return (
+        device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def pack_linear_layers(model: nn.Module) -> int:

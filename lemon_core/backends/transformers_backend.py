@@ -224,12 +224,13 @@ def _generator(seed: int) -> torch.Generator:
 def _pick_rows(
     logits: torch.Tensor, requests: Sequence[GenerationRequest], generators: Sequence[torch.Generator]
 ) -> list[int]:
-    """Each row's next token. The greedy rows' argmax is one call for the whole batch (one call per row
-    over a 152k vocabulary was 5% of a decoding step at batch 32)."""
+    """Each row's next token (-1 for a row that may write none). The greedy rows' argmax is one call for the
+    whole batch (one call per row over a 152k vocabulary was 5% of a decoding step at batch 32)."""
+    is_greedy = [r.temperature <= 0 for r in requests]
     # max(-1).indices is argmax (the first maximal index) at a third of argmax's time on CPU.
-    greedy = logits.max(-1).indices.tolist() if any(r.temperature <= 0 for r in requests) else []
+    greedy = logits.max(-1).indices.tolist() if any(is_greedy) else []
     return [
-        greedy[i] if r.temperature <= 0 else _sample(logits[i], r, g)
+        -1 if r.max_tokens <= 0 else greedy[i] if is_greedy[i] else _sample(logits[i], r, g)
         for i, (r, g) in enumerate(zip(requests, generators, strict=True))
     ]
 
