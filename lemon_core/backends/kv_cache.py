@@ -23,12 +23,14 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
 class ReservedKVLayer(DynamicLayer):
-    """``DynamicLayer`` whose keys/values live in one buffer of ``capacity`` positions (grows if exceeded)."""
+    """``DynamicLayer`` whose keys/values live in one buffer of ``capacity`` positions (grows if exceeded).
+
+    ``keys``/``values`` are always views of the filled positions, so the filled length is theirs
+    (``get_seq_length``) and transformers' own ``crop`` and ``reset`` work on this layer unchanged."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
-        self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Reserve the room on the first update, with its batch size, heads, dtype and device."""
@@ -36,6 +38,7 @@ class ReservedKVLayer(DynamicLayer):
         self._keys = _buffer(key_states, self.capacity)
         self._values = _buffer(value_states, self.capacity)
         self.is_initialized = True
+        self._view_filled(0)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -44,26 +47,15 @@ class ReservedKVLayer(DynamicLayer):
         per step is the new token's, where ``DynamicLayer`` copies the whole cache."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
         if end > self._keys.shape[-2]:  # more tokens than reserved: double the room (never in the backend)
-            self._keys = _grown(self._keys, self.length, max(end, 2 * self._keys.shape[-2]))
-            self._values = _grown(self._values, self.length, max(end, 2 * self._values.shape[-2]))
-        self._keys[:, :, self.length : end].copy_(key_states)
-        self._values[:, :, self.length : end].copy_(value_states)
-        self.length = end
-        self._refresh_views()
+            self._keys = _grown(self._keys, start, max(end, 2 * self._keys.shape[-2]))
+            self._values = _grown(self._values, start, max(end, 2 * self._values.shape[-2]))
+        self._keys[:, :, start:end].copy_(key_states)
+        self._values[:, :, start:end].copy_(value_states)
+        self._view_filled(end)
         return self.keys, self.values
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """Forget the last ``-tokens_to_remove`` positions (transformers' convention: a negative count)."""
-        super().crop(tokens_to_remove)  # checks the sign, slices the views
-        if self.is_initialized:
-            self.length = self.keys.shape[-2]
-
-    def reset(self) -> None:
-        """Empty the layer; the next update reserves the room again."""
-        self.length = 0
-        super().reset()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only these rows (finished rows leave the batch), moved to the front of the same buffers.
@@ -71,11 +63,11 @@ class ReservedKVLayer(DynamicLayer):
         Only the filled positions are copied: copying the whole reserved room at every step where rows finish
         would cost rows x (prompt + largest max_tokens) per layer, most of it empty."""
         if self.is_initialized:
-            kept = len(indices)
+            kept, filled = len(indices), self.get_seq_length()
             for buffer in (self._keys, self._values):
-                buffer[:kept, :, : self.length] = buffer[indices, :, : self.length]  # the right side is a copy
+                buffer[:kept, :, :filled] = buffer[indices, :, :filled]  # the right side is a copy
             self._keys, self._values = self._keys[:kept], self._values[:kept]
-            self._refresh_views()
+            self._view_filled(filled)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("ReservedKVLayer is for lemon's decoding loop; beam search uses DynamicLayer")
@@ -86,8 +78,8 @@ class ReservedKVLayer(DynamicLayer):
     def offload(self) -> None:
         raise NotImplementedError("ReservedKVLayer keeps its room on one device; use DynamicLayer to offload")
 
-    def _refresh_views(self) -> None:
-        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+    def _view_filled(self, length: int) -> None:
+        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
 
 
 def reserved_kv_cache(config: Any, capacity: int) -> DynamicCache:

@@ -83,7 +83,8 @@ class TransformersBackend:
         self.model.to(device).eval()
         # On CPU, keep freed activation memory in the heap instead of re-faulting it every batch
         # (cpu_allocator.py: prefill of 32 prompts 5.0-8.0 s -> 4.7 s). Process-wide; a no-op off glibc.
-        self.heap_pad_kept = torch.device(device).type == "cpu" and keep_heap_pad()
+        if torch.device(device).type == "cpu":
+            keep_heap_pad()
         # None: pack where it helps (fp32 on CPU); see packed_linear.py for the measured speed-up.
         if packed_weights is None:
             packed_weights = packing_available(torch.device(device), _DTYPES[dtype])
