@@ -152,7 +152,10 @@ class GRPOConfig(BaseModel):
     scale_rewards: bool = Field(
         default=True,
         description="Divide group-centred rewards by the group std (GRPO). False = only centre them "
-        "(Dr. GRPO), which avoids over-weighting tasks whose G rewards barely differ.",
+        "(Dr. GRPO), which avoids over-weighting tasks whose G rewards barely differ. With price in the reward, "
+        "std scaling counts who wins rather than by how much: it prefers a cheap spec right 59% of the time to a "
+        "dearer one right 95% whose expected reward is higher (tests/test_grpo.py). Kept on: switching it off "
+        "measured no difference on bench/credit.py (32 seeds, 20 steps, 2026-12-05).",
     )
     loss_aggregation: Literal["token", "sequence"] = Field(
         default="token",

@@ -30,7 +30,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,9 +403,14 @@ def train(
     resume: bool = False,
     examples: tuple[list[Any], list[Any]] | None = None,
     scorer: Scorer = benchmark_scorer,
+    on_step: Callable[[TrainState, dict[str, Any]], None] | None = None,
 ) -> TrainResult:
     """SFT warm-up then ``cfg.iterations`` GRPO steps (module docstring). ``examples`` = (train, eval)
-    tasks overrides ``cfg.data``; ``scorer`` overrides benchmark scoring (tests)."""
+    tasks overrides ``cfg.data``; ``scorer`` overrides benchmark scoring (tests).
+
+    ``on_step(state, row)`` runs on every rank after each GRPO step, before its metrics row is logged: what it
+    adds to ``row`` is logged with the step's own figures. A research bench measures the updated policy there
+    (bench/credit.py: the probability that it writes the optimal spec); the CLI and the stages pass nothing."""
     from lemon_core.backends.simulated import register_examples
     from lemon_core.progress import progress
 
@@ -441,6 +446,8 @@ def train(
         due = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.iterations
         if due and (state.strategy.sharded or is_main):  # a sharded policy samples collectively
             it.row.update(evaluate_policy(state, eval_tasks, scorer, cfg.seed))
+        if on_step is not None:
+            on_step(state, it.row)
         log.write(it.row)
         bar.update(1, reward=it.row["reward/mean"], valid=it.row["valid_rate"], loss=it.row.get("loss", 0.0),
                    step_s=it.row["time/step_s"])

@@ -281,6 +281,31 @@ def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None
     assert max(abs(a[0].item()) for a in old.advantages) > 1.3 and old.advantages[0][1].item() < -2.5
 
 
+def test_std_scaling_prefers_the_cheap_usually_right_spec_centring_the_better_one() -> None:
+    """Why ``scale_rewards`` matters once price is in the reward (bench/credit.py, 2026-12-05).
+
+    Spec A is dear and right 95% of the time, spec B cheap and right 59% (bench/credit.py's (large, small) and
+    (medium, medium) pairs: expected rewards 0.638 and 0.501). In a group of 3 A + 3 B (the copies of one spec
+    share their outcome, as on the simulated pool), std scaling gives every outcome an advantage of ±1, so it
+    counts who wins, and B wins whenever both are right (the cheaper one). Centring keeps the size of the
+    win, and its expected advantage is half the gap of the expected rewards."""
+    p_a, p_b = 0.95, 0.594
+    reward_a, reward_b = {True: 0.688, False: -0.312}, {True: 0.907, False: -0.093}
+    expected: dict[bool, float] = {True: 0.0, False: 0.0}
+    for a_right in (True, False):
+        for b_right in (True, False):
+            chance = (p_a if a_right else 1 - p_a) * (p_b if b_right else 1 - p_b)
+            rewards = [reward_a[a_right]] * 3 + [reward_b[b_right]] * 3
+            for scale in (True, False):
+                adv = batched_group_advantages(rewards, [0] * 6, scale=scale, std_floor=0.1)
+                expected[scale] += chance * float(adv[0])
+    mean_a = p_a * reward_a[True] + (1 - p_a) * reward_a[False]
+    mean_b = p_b * reward_b[True] + (1 - p_b) * reward_b[False]
+    assert mean_a > mean_b  # A is the better spec ...
+    assert expected[True] < -0.2  # ... but std scaling pushes A down
+    assert expected[False] == pytest.approx((mean_a - mean_b) / 2, abs=1e-6)  # centring pushes it up
+
+
 def test_contrast_divisor_uses_the_same_floor_constant_group_included() -> None:
     rewards = [0.50, 0.52, 0.7, 0.7, 1.0, 0.0]  # std 0.01 (floored), constant, std 0.5
     ids = ["a", "a", "b", "b", "c", "c"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from lemon_core.baselines import cot
 from lemon_core.benchmarks import Example
@@ -23,7 +24,7 @@ from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.reward import RewardTerms
 from lemon_core.rollout import EditResult, RolloutRecord
-from lemon_core.train import tasks_for_step, train
+from lemon_core.train import TrainState, tasks_for_step, train
 from lemon_core.update import record_advantages
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -137,8 +138,22 @@ def _tiny_cfg(model: Path, out: Path, **kw: object) -> TrainConfig:
 
 def test_train_writes_metrics_checkpoints_and_plot(tiny_model: Path, tmp_path: Path) -> None:
     cfg = _tiny_cfg(tiny_model, tmp_path / "run", iterations=2)
-    result = train(cfg)
+    seen: list[tuple[int, float, dict[str, torch.Tensor]]] = []
+
+    def on_step(state: TrainState, row: dict) -> None:  # a bench's probe of the updated policy (bench/credit.py)
+        weights = {k: v.clone() for k, v in state.policy.model.state_dict().items()}
+        seen.append((state.step, row["reward/mean"], weights))
+        row["probe/step"] = 10 * state.step
+
+    result = train(cfg, on_step=on_step)
     assert result.steps == 2 and len(result.metrics) == 2
+    # the hook ran once per step, after the update (it saw the weights the step's checkpoint holds), and what it
+    # added is logged with that step's figures
+    assert [(step, reward) for step, reward, _ in seen] == [(r["step"], r["reward/mean"]) for r in result.metrics]
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "ckpt-000002" / "model.safetensors"))
+    hooked = seen[-1][2]
+    assert saved and all(torch.equal(hooked[k], saved[k]) for k in saved)
+    assert [r["probe/step"] for r in result.metrics] == [10, 20]
     row = result.metrics[-1]
     for key in (
         "reward/mean",

@@ -1,0 +1,82 @@
+"""bench/credit.py's measurements: the policy's own probability of each (solver, checker) pair's spec, and the
+rollouts' reward without the simulated pool's draws (E[reward | spec, task]), which its headline metric reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from lemon_core.policy import OrchestratorPolicy, spec_completion
+from lemon_core.pool import load_pool
+from lemon_core.sft import SFTConfig, sft_train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import build_tiny_chat_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _credit() -> ModuleType:
+    """bench/credit.py as a module (bench/ is not a package)."""
+    if "credit_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("credit_bench", REPO / "bench" / "credit.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["credit_bench"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["credit_bench"]
+
+
+def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path) -> None:
+    credit = _credit()
+    torch.set_num_threads(1)
+    policy = OrchestratorPolicy.load(str(build_tiny_chat_model(tmp_path / "tiny", seed=0)),
+                                     include_roles=False, include_format=False)
+    pool = load_pool("simulated")
+    tasks = credit.make_tasks(3)
+    before = credit.pair_choice(policy, pool, tasks, temperature=0.7)
+    assert set(before) == set(credit.PAIRS) and 0 <= sum(before.values()) < 0.01  # untrained: writes no spec
+
+    # teach (large, small) twice as often as (medium, medium): the choice follows, and nothing else is chosen
+    taught = [("large", "small"), ("large", "small"), ("medium", "medium")]
+    pairs = [(t.question, spec_completion(credit.solve_check_spec(*pair))) for t in tasks for pair in taught]
+    sft_train(policy, pairs, pool, SFTConfig(steps=60, batch_size=3, lr=3e-3), seed=0)
+    after = credit.pair_choice(policy, pool, tasks, temperature=0.7)
+    others = [after[p] for p in credit.PAIRS if p not in taught]
+    assert after[("large", "small")] > after[("medium", "medium")] > max(others)
+    assert (after[("large", "small")] + after[("medium", "medium")]) / sum(after.values()) > 0.8
+    assert sum(after.values()) > 100 * sum(before.values())
+    per_task = [credit.pair_choice(policy, pool, [t], temperature=0.7) for t in tasks]
+    assert after == pytest.approx({p: sum(c[p] for c in per_task) / 3 for p in credit.PAIRS}, abs=1e-5)
+
+
+def test_expected_rollout_rewards_drop_the_pool_draws_and_keep_the_invalid_penalty(tmp_path: Path) -> None:
+    credit = _credit()
+    from lemon_core.backends.simulated import register_examples
+    from lemon_core.reward import RewardConfig, RewardTerms
+    from lemon_core.rollout import RolloutRecord, write_records
+
+    tasks = credit.make_tasks(2)
+    register_examples(tasks)
+    rewards = credit.SpecRewards(RewardConfig(lambda_cost=1.0), draws=30)
+    table = credit.pair_rewards(tasks, rewards)  # raises unless (large, small) is the best pair
+    assert max(table, key=table.__getitem__) == credit.OPTIMUM
+    best, cheap = credit.solve_check_spec("large", "small"), credit.solve_check_spec("small", "small")
+
+    def record(task, spec, reward: float) -> RolloutRecord:  # noqa: ANN001
+        return RolloutRecord(step=1, task_id=task.id, benchmark=task.benchmark, sample=0, prompt_ids=[1],
+                             completion_ids=[2], old_logprobs=[0.0], offsets=[(0, 1)], temperature=0.7, text="x",
+                             valid=spec is not None, spec=spec.model_dump() if spec else None,
+                             reward=RewardTerms(success=reward, total=reward))
+
+    # what the pool happened to draw (here: the best spec failed, the cheap one succeeded) does not count
+    rows = [record(tasks[0], best, -0.3), record(tasks[1], cheap, 0.9), record(tasks[0], None, -1.0)]
+    write_records(rows, str(tmp_path / "rollouts" / "step-000001-rank0.jsonl"))
+    [step1] = credit.expected_rollout_rewards(tmp_path, 1, tasks, rewards)
+    assert step1 == pytest.approx((rewards(best, tasks[0]) + rewards(cheap, tasks[1]) - 1.0) / 3)
+    assert rewards(best, tasks[0]) > 0.5 > rewards(cheap, tasks[1])
