@@ -86,7 +86,7 @@ the last 5 steps, both arms) and gets further:
                       P(optimal spec) at step 40 +0.094 ± 0.035 (13/16)
     ratio=1.044 (raw_ratio=1.080)
 
-So the span term does steer to the optimal pair (a third more of the sampled specs there, at the same seeds), and
+So the span term does steer to the optimal pair (+0.13 of the sampled specs there, 0.44 vs 0.30, same seeds), and
 that buys no reward here: (large, medium) earns 0.605 against r* = 0.638, and the steps to 90% of r* are set by
 how fast the solver becomes `large`, which the group term already learns. On this family the target (<= 0.75)
 measures something credit assignment does not change; NOT reached, with these figures.
@@ -177,7 +177,8 @@ class SpecRewards:
             rewards = []
             for seed in range(self.draws):
                 [trace] = execute_specs([spec], [task], self.pool, seed=1000 + seed)
-                rewards.append(compute_reward(score(trace.answer, task), trace, self.reward).total)
+                success = score(trace.answer, task) if trace.ok else 0.0  # as the rollout scores a failed run
+                rewards.append(compute_reward(success, trace, self.reward).total)
             self._known[key] = statistics.fmean(rewards)
         return self._known[key]
 
@@ -208,9 +209,10 @@ def expected_rollout_rewards(out: Path, steps: int, tasks: Sequence[Example], re
 def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[Example],
                 temperature: float) -> dict[tuple[str, str], float]:
     """The probability that the policy writes each pair's spec exactly as SFT taught it, averaged over the tasks:
-    the product of its token probabilities at the sampling temperature (without the grammar mask, which only
-    renormalises over the tokens a spec may have next). Read from the policy, not sampled. The 9 sum to less
-    than 1 by what the policy writes otherwise (other duties, broken text)."""
+    the product of its token probabilities at the sampling temperature. Read from the policy, not sampled. The
+    grammar mask only renormalises over the tokens a spec may have next, and the same text has other tokenisations,
+    so this is a lower bound on how often the spec is sampled. The 9 sum to less than 1 by what the policy writes
+    otherwise (other duties, broken text)."""
     prompts, completions = [], []
     for task in tasks:
         prompt = policy.prompt_ids(task.question, pool)
@@ -276,7 +278,8 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
 
 def _credit_overrides(args: argparse.Namespace) -> dict:
     if args.credit == "legacy":  # the paper's formula: no std floor, no cap, no dropped groups
-        return {"std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
+        return {"std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False,
+                "scale_rewards": args.scale_rewards}
     return {"std_floor": args.std_floor, "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
             "scale_rewards": args.scale_rewards,
             "drop_uniform_success_groups": args.drop_uniform,
@@ -324,7 +327,8 @@ def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
               f"{share[1]:.2f}, valid {valid:.2f}")
     for key, label, last in (("expected_curve", "expected reward", window),
                              ("optimal_share", "optimal share", window),
-                             ("optimal_prob", "P(optimal spec) read from the policy", 1)):
+                             ("optimal_prob", "P(optimal spec) read from the policy", 1),
+                             ("curve", "raw rollout reward", window)):
         diff, se, wins = paired_difference(results["grpo"], results["grpo+cf"], key, last)
         print(f"paired cf - grpo {label} (last {last} steps, same seed): {diff:+.3f} ± {se:.3f} (s.e.), "
               f"cf ahead on {wins}/{len(results['grpo'])} seeds")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -32,9 +33,16 @@ def _credit() -> ModuleType:
     return sys.modules["credit_bench"]
 
 
-def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path) -> None:
-    credit = _credit()
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path, one_thread: None) -> None:
+    credit = _credit()
     policy = OrchestratorPolicy.load(str(build_tiny_chat_model(tmp_path / "tiny", seed=0)),
                                      include_roles=False, include_format=False)
     pool = load_pool("simulated")
@@ -64,8 +72,7 @@ def test_expected_rollout_rewards_drop_the_pool_draws_and_keep_the_invalid_penal
     tasks = credit.make_tasks(2)
     register_examples(tasks)
     rewards = credit.SpecRewards(RewardConfig(lambda_cost=1.0), draws=30)
-    table = credit.pair_rewards(tasks, rewards)  # raises unless (large, small) is the best pair
-    assert max(table, key=table.__getitem__) == credit.OPTIMUM
+    credit.pair_rewards(tasks, rewards)  # raises SystemExit unless (large, small) is the best pair
     best, cheap = credit.solve_check_spec("large", "small"), credit.solve_check_spec("small", "small")
 
     def record(task, spec, reward: float) -> RolloutRecord:  # noqa: ANN001

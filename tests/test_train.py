@@ -153,7 +153,8 @@ def test_train_writes_metrics_checkpoints_and_plot(tiny_model: Path, tmp_path: P
     saved = load_file(str(tmp_path / "run" / "checkpoints" / "ckpt-000002" / "model.safetensors"))
     hooked = seen[-1][2]
     assert saved and all(torch.equal(hooked[k], saved[k]) for k in saved)
-    assert [r["probe/step"] for r in result.metrics] == [10, 20]
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["probe/step"] for r in logged] == [10, 20]  # written to disk with the row, so added before the write
     row = result.metrics[-1]
     for key in (
         "reward/mean",
