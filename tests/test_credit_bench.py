@@ -4,6 +4,9 @@ rollouts' reward without the simulated pool's draws (E[reward | spec, task]), wh
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,3 +90,22 @@ def test_expected_rollout_rewards_drop_the_pool_draws_and_keep_the_invalid_penal
     [step1] = credit.expected_rollout_rewards(tmp_path, 1, tasks, rewards)
     assert step1 == pytest.approx((rewards(best, tasks[0]) + rewards(cheap, tasks[1]) - 1.0) / 3)
     assert rewards(best, tasks[0]) > 0.5 > rewards(cheap, tasks[1])
+
+
+@pytest.mark.slow
+def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -> None:
+    """A 1-seed, 2-step run of the whole script (its SFT cut to 20 steps), then --merge of what it wrote."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "credit.py"), "--seeds", "1", "--steps", "2", "--window", "1",
+         "--sft-steps", "20", "--sft-cache", str(tmp_path / "sft"), "--json", str(tmp_path / "run.json")],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.strip().splitlines()
+    assert re.fullmatch(r"ratio=\d+\.\d{3}", lines[-1]) and lines[-2].startswith("raw_ratio=")
+    assert sum(line.startswith("seed=0 ") for line in lines) == 2  # both arms
+    merged = subprocess.run([sys.executable, str(REPO / "bench" / "credit.py"), "--merge", str(tmp_path / "run.json")],
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert merged.stdout.strip().splitlines()[-2:] == lines[-2:]
