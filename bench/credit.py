@@ -130,7 +130,7 @@ from lemon_core.executor import execute_specs  # noqa: E402
 from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
 from lemon_core.pool import CapacityPool, load_pool  # noqa: E402
-from lemon_core.reward import RewardConfig, compute_reward  # noqa: E402
+from lemon_core.reward import RewardConfig, compute_reward, trace_score  # noqa: E402
 from lemon_core.rollout import RolloutRecord, read_records  # noqa: E402
 from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
 from lemon_core.stats import standard_error  # noqa: E402
@@ -177,8 +177,7 @@ class SpecRewards:
             rewards = []
             for seed in range(self.draws):
                 [trace] = execute_specs([spec], [task], self.pool, seed=1000 + seed)
-                success = score(trace.answer, task) if trace.ok else 0.0  # as the rollout scores a failed run
-                rewards.append(compute_reward(success, trace, self.reward).total)
+                rewards.append(compute_reward(trace_score(trace, task, score), trace, self.reward).total)
             self._known[key] = statistics.fmean(rewards)
         return self._known[key]
 
@@ -192,18 +191,13 @@ def pair_rewards(tasks: Sequence[Example], rewards: SpecRewards) -> dict[tuple[s
     return table
 
 
-def expected_rollout_rewards(out: Path, steps: int, tasks: Sequence[Example], rewards: SpecRewards) -> list[float]:
-    """Per step: the mean over the sampled completions of E[reward | spec, task], an invalid one keeping the
-    reward it got (the invalid penalty, which is not random). The rollouts' reward without the pool's draws."""
-    by_id = {t.id: t for t in tasks}
-    curve = []
-    for k in range(1, steps + 1):
-        records = read_records(str(out / "rollouts" / f"step-{k:06d}-rank0.jsonl"))
-        curve.append(statistics.fmean(
-            rewards(OrchestrationSpec.model_validate(r.spec), by_id[r.task_id]) if r.valid and r.spec is not None
-            else r.reward.total
-            for r in records))
-    return curve
+def expected_reward(records: Sequence[RolloutRecord], tasks_by_id: dict[str, Example], rewards: SpecRewards) -> float:
+    """One step's reward without the pool's draws: the mean over the sampled completions of E[reward | spec, task],
+    an invalid one keeping the reward it got (the invalid penalty, which is not random)."""
+    return statistics.fmean(
+        rewards(OrchestrationSpec.model_validate(r.spec), tasks_by_id[r.task_id]) if r.valid and r.spec is not None
+        else r.reward.total
+        for r in records)
 
 
 def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[Example],
@@ -224,16 +218,16 @@ def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[
     return {pair: float(p) for pair, p in zip(PAIRS, probs, strict=True)}
 
 
-def _optimal_share(records: Sequence[RolloutRecord]) -> float:
+def optimal_share(records: Sequence[RolloutRecord]) -> float:
+    """One step's share of sampled specs at the optimal capacities."""
     specs = [r.spec for r in records if r.valid and r.spec is not None]
     hits = sum(1 for s in specs if tuple(a["capacity"] for a in s["agents"]) == OPTIMUM)
     return hits / len(records) if records else 0.0
 
 
-def optimal_shares(out: Path, steps: int) -> list[float]:
-    """Per step: the share of sampled specs at the optimal capacities, read back from the saved rollouts."""
-    return [_optimal_share(read_records(str(out / "rollouts" / f"step-{k:06d}-rank0.jsonl")))
-            for k in range(1, steps + 1)]
+def saved_rollouts(out: Path, steps: int) -> list[list[RolloutRecord]]:
+    """Each step's sampled records, read back once from the run's saved rollouts (one process: rank 0)."""
+    return [read_records(str(out / "rollouts" / f"step-{k:06d}-rank0.jsonl")) for k in range(1, steps + 1)]
 
 
 # --- one run ---------------------------------------------------------------------------------------
@@ -270,9 +264,10 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
 
     result = train(cfg, examples=tasks, scorer=score, on_step=measure_policy)
     curve = [m["reward/mean"] for m in result.metrics]
-    return {"curve": curve, "optimal_share": optimal_shares(Path(cfg.out), args.steps),
+    by_step, tasks_by_id = saved_rollouts(Path(cfg.out), args.steps), {t.id: t for t in tasks[0]}
+    return {"curve": curve, "optimal_share": [optimal_share(records) for records in by_step],
             "valid": [m["valid_rate"] for m in result.metrics],
-            "expected_curve": expected_rollout_rewards(Path(cfg.out), args.steps, tasks[0], rewards),
+            "expected_curve": [expected_reward(records, tasks_by_id, rewards) for records in by_step],
             "optimal_prob": [m["policy/optimal_prob"] for m in result.metrics]}
 
 

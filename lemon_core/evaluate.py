@@ -27,7 +27,7 @@ from lemon_core.benchmarks import get as get_benchmark
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.pool import CapacityLevel, CapacityPool
 from lemon_core.progress import progress as progress_of
-from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.reward import RewardConfig, compute_reward, trace_score
 from lemon_core.spec import OrchestrationSpec, validate_spec
 from lemon_core.stats import wilson_interval
 
@@ -237,7 +237,7 @@ def looped_agents(trace: Trace) -> int:
 def _score_record(benchmark: Benchmark | None, example: Any, trace: Trace, pool: CapacityPool,
                   scorer: Scorer | None, reward_cfg: RewardConfig | None) -> dict[str, Any]:
     if scorer is not None:
-        prediction, score = None, (float(scorer(trace.answer, example)) if trace.ok else 0.0)
+        prediction, score = None, trace_score(trace, example, scorer)
     else:
         bench = benchmark or get_benchmark(example.benchmark)
         prediction = bench.extract(trace.answer, example) if trace.ok else None

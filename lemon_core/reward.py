@@ -11,6 +11,9 @@ is kept separately so training logs ``reward/success``, ``reward/efficiency``, .
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from lemon_core.executor import Trace
@@ -37,6 +40,11 @@ class RewardTerms(BaseModel):
     cost: float = 0.0
     invalid: float = 0.0
     total: float = 0.0
+
+
+def trace_score(trace: Trace, example: Any, scorer: Callable[[str, Any], float]) -> float:
+    """The score of a run's final answer; a run that failed (an agent call errored) scores 0, whatever its text."""
+    return float(scorer(trace.answer, example)) if trace.ok else 0.0
 
 
 def compute_reward(score: float, trace: Trace | None, cfg: RewardConfig) -> RewardTerms:

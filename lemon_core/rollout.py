@@ -48,7 +48,7 @@ from lemon_core.counterfactual import CounterfactualEdit, EditFamily, EditFamily
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
-from lemon_core.reward import RewardConfig, RewardTerms, compute_reward
+from lemon_core.reward import RewardConfig, RewardTerms, compute_reward, trace_score
 from lemon_core.spec import ParsedSpec, SpecError, parse_spec, spec_json_schema
 from lemon_core.stats import mean_interval
 from lemon_core.vllm_sampler import VLLMSampler, VLLMSamplerConfig
@@ -193,10 +193,6 @@ def parse_completion(text: str, pool: CapacityPool) -> tuple[ParsedSpec | None, 
         return None, f"spec is not valid YAML: {e}"
 
 
-def _score(trace: Trace, example: Any, scorer: Scorer) -> float:
-    return scorer(trace.answer, example) if trace.ok else 0.0
-
-
 def sample_records(
     policy: OrchestratorPolicy, examples: Sequence[Any], pool: CapacityPool, cfg: RolloutConfig,
     reward_cfg: RewardConfig, *, step: int, seed: int,
@@ -279,7 +275,7 @@ def collect_rollouts(
     credit_shared_calls_to_originals(traces, len(valid))
     for i, trace in zip(valid, traces[: len(valid)], strict=True):
         rec = records[i]
-        rec.score = _score(trace, owners[i], scorer)
+        rec.score = trace_score(trace, owners[i], scorer)
         rec.reward = compute_reward(rec.score, trace, reward_cfg)
         rec.tokens, rec.cost, rec.agent_calls, rec.answer = (
             trace.tokens,
@@ -289,7 +285,7 @@ def collect_rollouts(
         )
         stats.agent_calls += trace.agent_calls
     for (i, edit), trace in zip(edits, traces[len(valid) :], strict=True):
-        r_edit = compute_reward(_score(trace, owners[i], scorer), trace, reward_cfg).total
+        r_edit = compute_reward(trace_score(trace, owners[i], scorer), trace, reward_cfg).total
         delta = records[i].reward.total - r_edit
         sampler.update(edit.family, delta)
         records[i].edits.append(

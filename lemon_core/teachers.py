@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lemon_core import baselines
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.pool import CapacityPool
-from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.reward import RewardConfig, compute_reward, trace_score
 from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents, validate_spec
 from lemon_core.stats import standard_error, wilson_interval
 
@@ -152,7 +152,7 @@ def sweep_teachers(
         traces = execute_specs([candidates[n] for _, n in jobs], [t for t, _ in jobs], pool, cache=cache, seed=seed,
                                on_calls=lambda n: bar.update(n, cache_hits=cache.hits))
         for (task, _), trace in zip(jobs, traces, strict=True):
-            score = float(scorer(trace.answer, task)) if trace.ok else 0.0
+            score = trace_score(trace, task, scorer)
             reward = compute_reward(score, trace, reward_cfg).total
             rewards.setdefault(str(task.id), []).append((reward, score, trace.cost))
     bar.close()

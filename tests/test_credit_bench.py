@@ -66,7 +66,7 @@ def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path, one_thre
     assert after == pytest.approx({p: sum(c[p] for c in per_task) / 3 for p in credit.PAIRS}, abs=1e-5)
 
 
-def test_expected_rollout_rewards_drop_the_pool_draws_and_keep_the_invalid_penalty(tmp_path: Path) -> None:
+def test_expected_reward_drops_the_pool_draws_and_keeps_the_invalid_penalty(tmp_path: Path) -> None:
     credit = _credit()
     from lemon_core.backends.simulated import register_examples
     from lemon_core.reward import RewardConfig, RewardTerms
@@ -87,7 +87,8 @@ def test_expected_rollout_rewards_drop_the_pool_draws_and_keep_the_invalid_penal
     # what the pool happened to draw (here: the best spec failed, the cheap one succeeded) does not count
     rows = [record(tasks[0], best, -0.3), record(tasks[1], cheap, 0.9), record(tasks[0], None, -1.0)]
     write_records(rows, str(tmp_path / "rollouts" / "step-000001-rank0.jsonl"))
-    [step1] = credit.expected_rollout_rewards(tmp_path, 1, tasks, rewards)
+    [records] = credit.saved_rollouts(tmp_path, 1)
+    step1 = credit.expected_reward(records, {t.id: t for t in tasks}, rewards)
     assert step1 == pytest.approx((rewards(best, tasks[0]) + rewards(cheap, tasks[1]) - 1.0) / 3)
     assert rewards(best, tasks[0]) > 0.5 > rewards(cheap, tasks[1])
 
