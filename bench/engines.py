@@ -13,8 +13,11 @@ start runs such a pass itself). The last line is
 
 Engines:
 
-* ``transformers``: ``lemon_core.backends.TransformersBackend`` as lemon runs it by default: fp32, linear layers
-  packed for oneDNN (``lemon_core/backends/packed_linear.py``), torch's default thread count (one per core).
+* ``transformers``: ``lemon_core.backends.TransformersBackend`` as lemon runs it by default: fp32, lemon's fused
+  forward pass (``lemon_core/backends/fused_decoder.py``) on projections packed for oneDNN
+  (``lemon_core/backends/packed_linear.py``), torch's default thread count (one per core).
+* ``transformers-unfused``: the same with ``fused_forward=False`` (transformers' own forward on packed layers):
+  what the fused forward buys.
 * ``transformers-dense``: the same with ``packed_weights=False`` (plain ``F.linear``, MKL sgemm): what packing buys.
 * ``transformers-t1``: the default with one torch thread.
 * ``vllm``: ``vllm.LLM`` (fp32) in the Python given by ``--vllm-python`` (e.g. ``.venv-vllm/bin/python`` made by
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINES = ("transformers", "transformers-dense", "transformers-t1", "vllm", "llamacpp")
+ENGINES = ("transformers", "transformers-unfused", "transformers-dense", "transformers-t1", "vllm", "llamacpp")
 BASELINE = "transformers"
 DEFAULT_THREADS = 0  # "threads" value meaning: leave the engine its own default (torch: one thread per core)
 
@@ -94,12 +97,13 @@ def measure(generate: Any, batches: Sequence[int], max_tokens: int) -> list[dict
 
 
 def transformers_worker(model: str, threads: int, batches: Sequence[int], max_tokens: int,
-                        packed: bool = True) -> list[dict[str, Any]]:
+                        packed: bool = True, fused: bool | None = None) -> list[dict[str, Any]]:
     from lemon_core.backends.base import GenerationRequest
     from lemon_core.backends.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(model, num_threads=threads or None, max_batch_size=max(batches),
-                                  packed_weights=packed, loop_stop_repeats=0)  # vLLM decodes loops to the end too
+                                  packed_weights=packed, fused_forward=fused,
+                                  loop_stop_repeats=0)  # vLLM decodes loops to the end too
     backend.eos_ids = set()  # no early stop: every engine generates exactly max_tokens per prompt
 
     def generate(prompts: list[str], n: int) -> int:
@@ -167,6 +171,8 @@ def worker_main(args: argparse.Namespace) -> None:
     target = args.gguf if kind == "llamacpp" else args.model
     if kind == "transformers-dense":
         rows = transformers_worker(target, threads, args.batches, args.max_tokens, packed=False)
+    elif kind == "transformers-unfused":
+        rows = transformers_worker(target, threads, args.batches, args.max_tokens, fused=False)
     else:
         fn = {"transformers": transformers_worker, "vllm": vllm_worker, "llamacpp": llamacpp_worker}[kind]
         rows = fn(target, threads, args.batches, args.max_tokens)
@@ -217,8 +223,8 @@ def engine_plan(args: argparse.Namespace) -> list[tuple[str, str, str, int, str 
     for name in args.engines:
         if name == "transformers":
             plan.append((name, sys.executable, "transformers", DEFAULT_THREADS, None))
-        elif name == "transformers-dense":
-            plan.append((name, sys.executable, "transformers-dense", DEFAULT_THREADS, None))
+        elif name in ("transformers-dense", "transformers-unfused"):
+            plan.append((name, sys.executable, name, DEFAULT_THREADS, None))
         elif name == "transformers-t1":
             plan.append((name, sys.executable, "transformers", 1, None))
         elif name == "vllm":
@@ -264,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", default=None, help="f32 GGUF of --model for llama.cpp")
     ap.add_argument("--llama-convert", default=None, help="llama.cpp's convert_hf_to_gguf.py, to make the GGUF")
     ap.add_argument("--json", default=None, help="also write the results here")
-    ap.add_argument("--worker", choices=("transformers", "transformers-dense", "vllm", "llamacpp"),
+    ap.add_argument("--worker", choices=("transformers", "transformers-unfused", "transformers-dense", "vllm",
+                                         "llamacpp"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

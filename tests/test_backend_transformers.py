@@ -1,8 +1,13 @@
-"""TransformersBackend on a tiny random-weight Qwen2 chat model built offline (tests/tiny_models.py)."""
+"""TransformersBackend on a tiny random-weight Qwen2 chat model built offline (tests/tiny_models.py).
+
+Every behaviour is checked on both forward passes the backend has: lemon's fused one (the CPU default for
+Llama/Qwen2, ``fused_decoder.py``) and transformers' own (every other model)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,9 +30,32 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
+FORWARDS = {"fused": True, "transformers": False}
+
+
+@pytest.fixture(scope="module", params=sorted(FORWARDS))
+def forward(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def backend(model_dir: Path) -> TransformersBackend:
-    return TransformersBackend(str(model_dir))
+def backend(model_dir: Path, forward: str) -> TransformersBackend:
+    return TransformersBackend(str(model_dir), fused_forward=FORWARDS[forward])
+
+
+def before_each_forward(b: TransformersBackend, call: Callable[[torch.Tensor], None]) -> Callable[[], None]:
+    """Run ``call(input_ids)`` before every forward pass of ``b``'s decoding loop; returns the undo."""
+    if b.decoder is not None:
+        original = b.decoder.logits
+
+        def spied(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
+            call(input_ids)
+            return original(input_ids, *args)
+
+        b.decoder.logits = spied  # type: ignore[method-assign]
+        return lambda: setattr(b.decoder, "logits", original)
+    hook = b.model.register_forward_pre_hook(lambda _m, _a, kwargs: call(kwargs["input_ids"]), with_kwargs=True)
+    return hook.remove
 
 
 def greedy(max_tokens: int = 10) -> list[GenerationRequest]:
@@ -55,13 +83,11 @@ def test_finished_rows_leave_the_batch_and_the_others_write_the_same(backend: Tr
     cache; what every row writes is what it writes alone."""
     reqs = [GenerationRequest.chat(s, u, max_tokens=m) for (s, u), m in zip(PROMPTS, (3, 12, 0, 7), strict=True)]
     widths: list[int] = []
-    hook = backend.model.register_forward_pre_hook(
-        lambda _m, _a, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
+    undo = before_each_forward(backend, lambda input_ids: widths.append(input_ids.shape[0]))
     try:
         batched = backend.generate(reqs)
     finally:
-        hook.remove()
+        undo()
     alone = [backend.generate([r])[0] for r in reqs]
     assert [c.text for c in batched] == [c.text for c in alone]
     assert [c.completion_tokens for c in batched] == [c.completion_tokens for c in alone]
@@ -82,8 +108,8 @@ def test_token_counts(backend: TransformersBackend) -> None:
         assert c.latency_s > 0 and c.extra["batch_size"] == len(reqs)
 
 
-def test_stops_at_eos_and_counts_it(model_dir: Path) -> None:
-    b = TransformersBackend(str(model_dir))
+def test_stops_at_eos_and_counts_it(model_dir: Path, forward: str) -> None:
+    b = TransformersBackend(str(model_dir), fused_forward=FORWARDS[forward])
     r = GenerationRequest.chat(None, "hi", max_tokens=10)
     free = b.generate([r])[0]
     b.eos_ids = {first_greedy_token(b, r)}  # make the model's first choice the end of turn
@@ -110,20 +136,22 @@ def test_tiny_top_p_is_greedy(backend: TransformersBackend) -> None:
     assert [c.text for c in backend.generate(nucleus)] == [c.text for c in backend.generate(greedy(8))]
 
 
-def test_max_batch_size_chunks_give_same_results(model_dir: Path, backend: TransformersBackend) -> None:
-    small = TransformersBackend(str(model_dir), max_batch_size=3)
+def test_max_batch_size_chunks_give_same_results(
+    model_dir: Path, forward: str, backend: TransformersBackend
+) -> None:
+    small = TransformersBackend(str(model_dir), max_batch_size=3, fused_forward=FORWARDS[forward])
     out = small.generate(greedy(5))
     assert [c.extra["batch_size"] for c in out] == [3, 3, 3, 1]
     assert [c.text for c in out] == [c.text for c in backend.generate(greedy(5))]
 
 
-def test_failed_batch_returns_errors_not_exceptions(model_dir: Path) -> None:
-    b = TransformersBackend(str(model_dir))
+def test_failed_batch_returns_errors_not_exceptions(model_dir: Path, forward: str) -> None:
+    b = TransformersBackend(str(model_dir), fused_forward=FORWARDS[forward])
 
-    def broken(**_: object) -> None:
+    def broken(_input_ids: torch.Tensor) -> None:
         raise RuntimeError("out of memory")
 
-    b.model.forward = broken  # type: ignore[method-assign]
+    before_each_forward(b, broken)
     out = b.generate(greedy(3))
     assert len(out) == 4 and all(c.error == "RuntimeError: out of memory" for c in out)
 
@@ -141,12 +169,15 @@ def test_packed_linear_computes_what_the_dense_layer_computes() -> None:
 
 
 def test_packed_backend_is_the_cpu_default_and_writes_what_the_dense_one_writes(
-    model_dir: Path, backend: TransformersBackend
+    model_dir: Path, forward: str, backend: TransformersBackend
 ) -> None:
-    dense = TransformersBackend(str(model_dir), packed_weights=False)
+    dense = TransformersBackend(str(model_dir), packed_weights=False, fused_forward=FORWARDS[forward])
     assert backend.packed_linear_layers > 0 and dense.packed_linear_layers == 0
-    assert not any(isinstance(m, torch.nn.Linear) for m in backend.model.modules())
-    assert any(isinstance(m, torch.nn.Linear) for m in dense.model.modules())
+    if forward == "fused":  # the fused forward packs its own fused projections: 4 a layer + the output head
+        assert backend.packed_linear_layers == 4 * backend.model.config.num_hidden_layers + 1
+    else:
+        assert not any(isinstance(m, torch.nn.Linear) for m in backend.model.modules())
+        assert any(isinstance(m, torch.nn.Linear) for m in dense.model.modules())
     sampled = [GenerationRequest.chat(None, "hi", max_tokens=12, temperature=1.0, seed=s) for s in (1, 2)]
     for reqs in (greedy(12), sampled):
         assert [c.text for c in backend.generate(reqs)] == [c.text for c in dense.generate(reqs)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from lemon_core.backends import cpu_allocator, transformers_backend
 from lemon_core.backends.base import GenerationRequest
@@ -53,7 +53,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_backend_writes_the_same_with_the_reserved_cache_as_with_transformers_cache(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend = TransformersBackend(str(model_dir))
+    backend = TransformersBackend(str(model_dir), fused_forward=False)  # the cache of transformers' forward
     assert all(isinstance(layer, ReservedKVLayer) for layer in reserved_kv_cache(backend.model.config, 8).layers)
     requests = [  # different prompt lengths and caps, so rows leave the batch at different steps
         GenerationRequest.chat("You are a solver.", "What is 12 + 30?", max_tokens=16),
@@ -70,7 +70,7 @@ def test_backend_writes_the_same_with_the_reserved_cache_as_with_transformers_ca
     reserved = backend.generate(requests)
     width = max(len(backend.encode(r)) for r in requests)
     assert capacities == [width + 24]  # one cache for the batch: padded prompt + its largest max_tokens
-    monkeypatch.setattr(transformers_backend, "reserved_kv_cache", lambda config, capacity: None)
+    monkeypatch.setattr(transformers_backend, "reserved_kv_cache", lambda config, capacity: DynamicCache(config=config))
     concatenating = backend.generate(requests)
     assert [c.text for c in reserved] == [c.text for c in concatenating]
     assert [c.completion_tokens for c in reserved] == [c.completion_tokens for c in concatenating]

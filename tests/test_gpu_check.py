@@ -129,15 +129,15 @@ def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "engines.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "engines.py"), "--quick", "--model", str(model), "--engines",
-         "transformers", "transformers-dense", "vllm", "--vllm-python", str(tmp_path / "no-python"),
-         "--json", str(out)],
+         "transformers", "transformers-unfused", "transformers-dense", "vllm",
+         "--vllm-python", str(tmp_path / "no-python"), "--json", str(out)],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith("vllm: not installed, skipped") for line in lines)
     assert lines[-1].startswith("ratio=nan (no other engine ran")
-    for engine in ("transformers", "transformers-dense"):  # packed (the default) and dense do the same work
+    for engine in ("transformers", "transformers-unfused", "transformers-dense"):  # the same work in each
         rows = json.loads(out.read_text())[engine]["rows"]
         assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 32), (8, 8 * 32)]
         assert all(r["tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)

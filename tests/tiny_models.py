@@ -37,12 +37,14 @@ def build_tiny_chat_model(
     hidden_size: int = 64,
     num_layers: int = 2,
     vocab_size: int = 384,
+    kv_heads: int = 1,
 ) -> Path:
     """Train a byte-level BPE tokenizer, build a random-weight causal LM, save both to ``path``.
 
     Returns ``path``, loadable with ``AutoTokenizer``/``AutoModelForCausalLM.from_pretrained`` and by
     vLLM. ``arch`` is ``qwen2`` or ``llama``. One attention head of size 64 is used because vLLM's
-    CPU attention kernels only accept common head sizes (64 is one). Same ``seed`` -> same weights.
+    CPU attention kernels only accept common head sizes (64 is one). ``kv_heads`` key/value heads shared by the
+``hidden_size // 64`` query heads (grouped-query attention). Same ``seed`` -> same weights.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -79,7 +81,7 @@ def build_tiny_chat_model(
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=max(1, hidden_size // 64),
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         head_dim=64,
         max_position_embeddings=1024,
         tie_word_embeddings=False,

@@ -9,10 +9,12 @@ Sampling is reproducible per request: each row draws from its own ``torch.Genera
 shared its batch. That is why the decoding loop is written here instead of calling ``model.generate``,
 whose sampling uses one global RNG stream for the whole batch.
 
-On CPU a decoding step is mostly matrix products; what else it costs is kept small by three pieces, each in
-its own file with its measurements: linear layers packed for oneDNN (``packed_linear.py``), a KV cache with
-room reserved for the whole answer (``kv_cache.py``) and glibc keeping freed activation memory
-(``cpu_allocator.py``). ``bench/engines.py`` compares the result with vLLM's CPU build.
+On CPU a decoding step is mostly matrix products; what else it costs is kept small by four pieces, each in
+its own file with its measurements: linear layers packed for oneDNN (``packed_linear.py``), a forward pass of
+its own for Llama and Qwen2 models with fused projections and no per-layer module overhead (``fused_decoder.py``;
+other models run transformers' forward with a KV cache that reserves room for the whole answer,
+``kv_cache.py``) and glibc keeping freed activation memory (``cpu_allocator.py``). ``bench/engines.py`` compares
+the result with vLLM's CPU build.
 
 A greedy agent row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in
 a row, ``loop_stop_min_tokens`` tokens at least: ``base.LoopStop``) is stopped there and its
@@ -32,6 +34,7 @@ import torch
 
 from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop
 from lemon_core.backends.cpu_allocator import keep_heap_pad
+from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
 from lemon_core.backends.kv_cache import reserved_kv_cache
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
 
@@ -55,6 +58,7 @@ class TransformersBackend:
         max_batch_size: int = 16,
         num_threads: int | None = None,
         packed_weights: bool | None = None,
+        fused_forward: bool | None = None,
         loop_stop_repeats: int = LoopStop.repeats,
         loop_stop_min_tokens: int = LoopStop.min_tokens,
     ) -> None:
@@ -93,7 +97,18 @@ class TransformersBackend:
                 f"packed_weights=true needs an fp32 model on a CPU with oneDNN (got device={device!r}, "
                 f"dtype={dtype!r}); drop the option or set it to false"
             )
-        self.packed_linear_layers = pack_linear_layers(self.model) if packed_weights else 0
+        # None: lemon's own forward (fused_decoder.py) on CPU where the architecture allows it.
+        refusal = fused_decoder_refusal(self.model)
+        if fused_forward is None:
+            fused_forward = torch.device(device).type == "cpu" and refusal is None
+        elif fused_forward and refusal is not None:
+            raise BackendError(f"fused_forward=true cannot run model {model!r}: {refusal}; drop the option")
+        # The fused forward holds its own (packed) projections; transformers' forward packs the model's layers.
+        self.decoder = FusedDecoder(self.model, pack=packed_weights) if fused_forward else None
+        if self.decoder is not None:
+            self.packed_linear_layers = self.decoder.packed_layers
+        else:
+            self.packed_linear_layers = pack_linear_layers(self.model) if packed_weights else 0
         if not getattr(self.tokenizer, "chat_template", None):
             raise BackendError(
                 f"model {model!r} has no chat template; give its tokenizer one (tokenizer.chat_template)"
@@ -158,16 +173,10 @@ class TransformersBackend:
         in_batch = list(range(n))  # the request of each row of the running batch (and of the KV cache)
 
         longest = max(r.max_tokens for r in requests)
-        cache, step_ids = reserved_kv_cache(self.model.config, width + longest), input_ids
+        forward = self.decoder or _TransformersForward(self.model)
+        room, step_ids = forward.new_room(n, width + longest), input_ids
         for _ in range(longest):
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
-            res = self.model(
-                input_ids=step_ids, attention_mask=attention, position_ids=positions,
-                past_key_values=cache, use_cache=True,
-                logits_to_keep=1,  # only the last position's logits are needed: skips the vocab
-            )                      # projection for every prompt token during prefill
-            cache = res.past_key_values
-            logits = res.logits[:, -1, :].float()
+            logits = forward.logits(step_ids, attention, room).float()
             if grammar is not None:  # masks what the row's spec grammar forbids next
                 logits = grammar(seq, logits)
             going = []  # batch rows that write another token
@@ -190,7 +199,7 @@ class TransformersBackend:
                 # Finished rows leave the batch: a step costs per row, and one batch's answers differ in
                 # length (a batch of CoT answers would otherwise run to its longest at full width).
                 keep = torch.tensor(going, dtype=torch.long)
-                cache.batch_select_indices(keep.to(self.device))
+                forward.keep_rows(room, keep.to(self.device))
                 attention, seq = attention[keep.to(self.device)], seq[keep]
                 if grammar is not None:
                     grammar.keep_rows(going)
@@ -214,6 +223,29 @@ class TransformersBackend:
             )
             for prompt, toks, end in zip(prompts, new_tokens, ended_by, strict=True)
         ]
+
+
+class _TransformersForward:
+    """The model's own forward with the decoding loop's interface (``FusedDecoder``'s): for the models that
+    ``fused_decoder`` does not cover, and as the reference it is tested against."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def new_room(self, batch: int, capacity: int) -> Any:
+        return reserved_kv_cache(self.model.config, capacity)
+
+    def logits(self, input_ids: torch.Tensor, attention: torch.Tensor, room: Any) -> torch.Tensor:
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
+        res = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=room,
+            use_cache=True, logits_to_keep=1,  # only the last position's logits are needed: skips the vocab
+        )                                      # projection for every prompt token during prefill
+        return res.logits[:, -1, :]
+
+    @staticmethod
+    def keep_rows(room: Any, rows: torch.Tensor) -> None:
+        room.batch_select_indices(rows)
 
 
 def _generator(seed: int) -> torch.Generator:

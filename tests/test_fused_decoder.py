@@ -1,0 +1,108 @@
+"""lemon's fused forward pass (``backends/fused_decoder.py``) computes what transformers' forward computes.
+
+Checked on tiny Llama and Qwen2 models with grouped-query attention (4 query heads sharing 2 key/value heads)
+and a left-padded batch of prompts of different lengths: the prompt pass, decoding steps, and steps after
+rows have left the batch, with and without oneDNN-packed projections; then the backend end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
+from transformers import AutoModelForCausalLM
+
+from lemon_core.backends.base import BackendError, GenerationRequest
+from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
+from lemon_core.backends.kv_cache import reserved_kv_cache
+from lemon_core.backends.transformers_backend import TransformersBackend
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    arch = str(request.param)
+    return build_tiny_chat_model(tmp_path_factory.mktemp(arch) / "model", seed=1, arch=arch,
+                                 hidden_size=256, num_layers=2, kv_heads=2)
+
+
+def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], attention[i, width - len(r):] = torch.tensor(r), 1
+    return ids, attention
+
+
+def _reference_logits(
+    model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, cache: object
+) -> torch.Tensor:
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                use_cache=True)
+    return out.logits[:, -1]
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "dense"])
+@torch.no_grad()
+def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_leaving(
+    model_dir: Path, pack: bool
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == 2
+    decoder = FusedDecoder(model, pack=pack)
+    assert decoder.packed_layers == (4 * 2 + 1 if pack else 0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (9, 4, 6)]
+    ids, attention = _left_padded(prompts, pad=0)
+    room, cache = decoder.new_room(3, ids.shape[1] + 8), reserved_kv_cache(model.config, ids.shape[1] + 8)
+    fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
+    assert fused.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+    for step in range(5):
+        if step == 3:  # the middle row finishes: rows 0 and 2 go on, moved to the front
+            keep = torch.tensor([0, 2])
+            decoder.keep_rows(room, keep)
+            cache.batch_select_indices(keep)
+            attention, reference = attention[keep], reference[keep]
+        ids = reference.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
+        torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+    assert room.filled == attention.shape[1] and fused.shape[0] == 2
+    # The room holds what it reserved and says so instead of writing past it.
+    with pytest.raises(ValueError, match="KVRoom holds"):
+        decoder.logits(torch.zeros((2, 9), dtype=torch.long), torch.ones((2, attention.shape[1] + 9)), room)
+
+
+def test_backend_writes_the_same_with_the_fused_forward_as_with_transformers(model_dir: Path) -> None:
+    fused = TransformersBackend(str(model_dir))
+    reference = TransformersBackend(str(model_dir), fused_forward=False)
+    assert fused.decoder is not None and reference.decoder is None  # fused: the CPU default for llama/qwen2
+    requests = [  # different prompt lengths and caps, so rows leave the batch at different steps
+        GenerationRequest.chat("You are a solver.", "What is 12 + 30?", max_tokens=16),
+        GenerationRequest.chat(None, "hi", max_tokens=5),
+        GenerationRequest.chat(None, "Check: 3 + 5 = 8.", max_tokens=24, temperature=0.9, seed=3),
+        GenerationRequest.chat("You are a verifier.", "def add(a, b):", max_tokens=12, temperature=1.3, seed=1),
+    ]
+    ours, theirs = fused.generate(requests), reference.generate(requests)
+    assert [c.text for c in ours] == [c.text for c in theirs]
+    assert [c.completion_tokens for c in ours] == [c.completion_tokens for c in theirs]
+    assert all(c.ok for c in ours) and ours[2].completion_tokens > 5
+
+
+def test_models_the_fused_forward_does_not_cover_keep_transformers_forward(tmp_path: Path) -> None:
+    model_dir = build_tiny_chat_model(tmp_path / "model", seed=0)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=8, max_window_layers=0)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    backend = TransformersBackend(str(model_dir))
+    assert fused_decoder_refusal(backend.model) == "sliding-window attention"
+    assert backend.decoder is None  # the default falls back to transformers' forward, and it still writes
+    assert backend.generate([GenerationRequest.chat(None, "hi", max_tokens=4)])[0].ok
+    with pytest.raises(BackendError, match="fused_forward=true cannot run .*sliding-window attention"):
+        TransformersBackend(str(model_dir), fused_forward=True)
+    with pytest.raises(ValueError, match="FusedDecoder cannot run this model: sliding-window attention"):
+        FusedDecoder(backend.model, pack=False)
