@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from lemon_core.backends.base import BackendError, GenerationRequest
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
@@ -81,6 +81,7 @@ def test_backend_writes_the_same_with_the_fused_forward_as_with_transformers(mod
     fused = TransformersBackend(str(model_dir))
     reference = TransformersBackend(str(model_dir), fused_forward=False)
     assert fused.decoder is not None and reference.decoder is None  # fused: the CPU default for llama/qwen2
+    assert TransformersBackend(str(model_dir), dtype="bfloat16").decoder is None  # measured and tested in fp32
     requests = [  # different prompt lengths and caps, so rows leave the batch at different steps
         GenerationRequest.chat("You are a solver.", "What is 12 + 30?", max_tokens=16),
         GenerationRequest.chat(None, "hi", max_tokens=5),
@@ -106,3 +107,34 @@ def test_models_the_fused_forward_does_not_cover_keep_transformers_forward(tmp_p
         TransformersBackend(str(model_dir), fused_forward=True)
     with pytest.raises(ValueError, match="FusedDecoder cannot run this model: sliding-window attention"):
         FusedDecoder(backend.model, pack=False)
+
+
+ROPES = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPES))
+@torch.no_grad()
+def test_fused_logits_equal_the_models_own_under_scaled_rotary_embeddings(tmp_path: Path, rope: str) -> None:
+    """Rope types whose frequencies are fixed at load (the fused forward reads them from the model's own rotary
+    module, with yarn's attention scaling) give the same logits; one that changes with the length is refused."""
+    model_dir = build_tiny_chat_model(tmp_path / "model", seed=2, arch="llama", hidden_size=256, kv_heads=2)
+    config = AutoConfig.from_pretrained(model_dir)
+    config.rope_parameters = {"rope_theta": 10000.0, **ROPES[rope]}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
+    assert model.model.rotary_emb.rope_type == rope
+    decoder = FusedDecoder(model, pack=True)
+    ids, attention = _left_padded([[5, 9, 11, 30, 7, 8, 40, 41, 3, 12, 19, 22], [6, 7, 8]], pad=0)
+    room, cache = decoder.new_room(2, ids.shape[1] + 4), reserved_kv_cache(model.config, ids.shape[1] + 4)
+    for _ in range(4):
+        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
+        torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+        ids = reference.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+    config.rope_parameters = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
+    dynamic = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32)
+    assert "changes with the sequence length" in (fused_decoder_refusal(dynamic) or "")

@@ -97,10 +97,11 @@ class TransformersBackend:
                 f"packed_weights=true needs an fp32 model on a CPU with oneDNN (got device={device!r}, "
                 f"dtype={dtype!r}); drop the option or set it to false"
             )
-        # None: lemon's own forward (fused_decoder.py) on CPU where the architecture allows it.
+        # None: lemon's own forward (fused_decoder.py) for fp32 on CPU, where it was measured (bench/engines.py),
+        # when the architecture allows it; true forces it on any device and dtype (its tests: fp32 on CPU).
         refusal = fused_decoder_refusal(self.model)
         if fused_forward is None:
-            fused_forward = torch.device(device).type == "cpu" and refusal is None
+            fused_forward = torch.device(device).type == "cpu" and dtype == "float32" and refusal is None
         elif fused_forward and refusal is not None:
             raise BackendError(f"fused_forward=true cannot run model {model!r}: {refusal}; drop the option")
         # The fused forward holds its own (packed) projections; transformers' forward packs the model's layers.
