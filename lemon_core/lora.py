@@ -67,15 +67,28 @@ def merge_lora_checkpoint(checkpoint: str | Path, dest: str | Path) -> Path:
     """
     from transformers import AutoTokenizer
 
-    peft = import_peft()
     src, final = Path(checkpoint), Path(dest)
-    if not (src / "adapter_config.json").exists():
-        raise ValueError(f"{src} has no adapter_config.json: not a LoRA checkpoint (nothing to merge)")
-    model = peft.AutoPeftModelForCausalLM.from_pretrained(src).merge_and_unload()
+    model = load_merged_lora(src)
     with atomic_path(final, directory=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(src).save_pretrained(tmp)
     return final
+
+
+def is_lora_checkpoint(path: str | Path) -> bool:
+    """A folder that holds a LoRA adapter (and the name of its base), not full weights."""
+    return (Path(path) / "adapter_config.json").exists()
+
+
+def load_merged_lora(checkpoint: str | Path, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A LoRA checkpoint's base model with its adapters folded into the weights: a plain model (plain
+    ``nn.Linear`` layers computing base + B·A), for inference code that packs or copies weights."""
+    peft = import_peft()
+    src = Path(checkpoint)
+    if not is_lora_checkpoint(src):
+        raise ValueError(f"{src} has no adapter_config.json: not a LoRA checkpoint (nothing to merge)")
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    return peft.AutoPeftModelForCausalLM.from_pretrained(src, **kwargs).merge_and_unload()
 
 
 @torch.no_grad()

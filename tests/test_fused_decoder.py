@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig
 
 from lemon_core.backends.base import BackendError, GenerationRequest
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
@@ -25,6 +25,24 @@ def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     arch = str(request.param)
     return build_tiny_chat_model(tmp_path_factory.mktemp(arch) / "model", seed=1, arch=arch,
                                  hidden_size=256, num_layers=2, kv_heads=2)
+
+
+def _randomised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """RMSNorm weights and biases drawn at random: a fresh model has every norm weight 1 and every bias 0, which
+    would let a wrong folding of the norms or a dropped bias pass."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if "norm" in name else 0.0))
+    return model
+
+
+def _assert_same_logits(fused: torch.Tensor, reference: torch.Tensor) -> None:
+    """Equal up to fp32 summation order: 2e-5 of the logits' scale (a wrong norm fold, bias or head is O(scale))."""
+    assert fused.shape == reference.shape
+    scale = float(reference.abs().max())
+    assert float((fused - reference).abs().max()) <= 2e-5 * max(scale, 1.0), (scale, (fused - reference).abs().max())
 
 
 def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +68,7 @@ def _reference_logits(
 def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_leaving(
     model_dir: Path, pack: bool
 ) -> None:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = _randomised(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
     assert model.config.num_attention_heads == 4 and model.config.num_key_value_heads == 2
     decoder = FusedDecoder(model, pack=pack)
     assert decoder.packed_layers == (4 * 2 + 1 if pack else 0)
@@ -60,7 +78,7 @@ def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_lea
     room, cache = decoder.new_room(3, ids.shape[1] + 8), reserved_kv_cache(model.config, ids.shape[1] + 8)
     fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
     assert fused.shape == (3, model.config.vocab_size)
-    torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+    _assert_same_logits(fused, reference)
     for step in range(5):
         if step == 3:  # the middle row finishes: rows 0 and 2 go on, moved to the front
             keep = torch.tensor([0, 2])
@@ -70,7 +88,7 @@ def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_lea
         ids = reference.argmax(-1, keepdim=True)
         attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
         fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
-        torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+        _assert_same_logits(fused, reference)
     assert room.filled == attention.shape[1] and fused.shape[0] == 2
     # The room holds what it reserved and says so instead of writing past it.
     with pytest.raises(ValueError, match="KVRoom holds"):
@@ -132,9 +150,79 @@ def test_fused_logits_equal_the_models_own_under_scaled_rotary_embeddings(tmp_pa
     room, cache = decoder.new_room(2, ids.shape[1] + 4), reserved_kv_cache(model.config, ids.shape[1] + 4)
     for _ in range(4):
         fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
-        torch.testing.assert_close(fused, reference, atol=1e-4, rtol=1e-4)
+        _assert_same_logits(fused, reference)
         ids = reference.argmax(-1, keepdim=True)
         attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
     config.rope_parameters = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
     dynamic = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32)
-    assert "changes with the sequence length" in (fused_decoder_refusal(dynamic) or "")
+    assert "rope type 'dynamic' is not one whose frequencies are fixed" in (fused_decoder_refusal(dynamic) or "")
+
+
+@torch.no_grad()
+def test_fused_logits_equal_the_models_own_with_biases_tied_embeddings_and_a_head_dim_of_its_own() -> None:
+    """Llama with attention and MLP biases, the output head tied to the embedding, and head_dim (48) that is not
+    hidden_size / heads (128 / 4): each read from where transformers reads it."""
+    config = LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=48, attention_bias=True,
+                         mlp_bias=True, tie_word_embeddings=True, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = _randomised(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), seed=1)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    decoder = FusedDecoder(model, pack=True)
+    ids, attention = _left_padded([[5, 9, 11, 30, 7, 8], [6, 7]], pad=0)
+    room, cache = decoder.new_room(2, ids.shape[1] + 3), reserved_kv_cache(model.config, ids.shape[1] + 3)
+    for _ in range(3):
+        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
+        _assert_same_logits(fused, reference)
+        ids = reference.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+
+
+def test_a_lora_checkpoint_is_served_with_its_adapter_folded_in(tmp_path: Path) -> None:
+    """A LoRA checkpoint (adapter only) loads with its adapter folded into plain layers, which the backend packs
+    and fuses; it writes what the same weights merged into a full checkpoint write, and not what the base writes.
+    (Loaded through transformers' own peft integration instead, the packed layers broke peft's forward: every
+    request failed with "'PackedLinear' object has no attribute 'weight'".) A model that still carries peft
+    layers is refused by the fused forward, whose copies of ``.weight`` would drop the adapter."""
+    peft = pytest.importorskip("peft")
+    base_dir = build_tiny_chat_model(tmp_path / "base", seed=0)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=32, init_lora_weights=False,
+                                                     target_modules=["q_proj", "v_proj", "gate_proj"]))
+    adapter_dir = tmp_path / "adapter"
+    lora.save_pretrained(adapter_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(adapter_dir)
+    assert "peft adapter" in (fused_decoder_refusal(lora) or "")
+    with pytest.raises(ValueError, match="FusedDecoder cannot run this model"):
+        FusedDecoder(lora, pack=True)
+    adapted = TransformersBackend(str(adapter_dir))
+    assert adapted.decoder is not None and adapted.packed_linear_layers > 0
+    requests = [GenerationRequest.chat(None, "hi", max_tokens=8), GenerationRequest.chat(None, "2 + 2?", max_tokens=8)]
+    with_adapter = adapted.generate(requests)
+    assert all(c.ok for c in with_adapter)
+    merged_dir = tmp_path / "merged"
+    lora.merge_and_unload().save_pretrained(merged_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(merged_dir)
+    for fused in (True, False):
+        merged = TransformersBackend(str(merged_dir), fused_forward=fused)
+        assert [c.text for c in merged.generate(requests)] == [c.text for c in with_adapter]
+    assert [c.text for c in with_adapter] != [c.text for c in TransformersBackend(str(base_dir)).generate(requests)]
+
+
+def test_what_the_fused_forward_refuses_is_named() -> None:
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=1,
+                  num_key_value_heads=1, head_dim=64)
+    cases = {
+        "model_type 'mistral' is not one of": MistralConfig(**common),
+        "hidden_act 'gelu'": LlamaConfig(**common, hidden_act="gelu"),
+        "rope type 'longrope' is not one whose frequencies are fixed at load": LlamaConfig(
+            **common, max_position_embeddings=64,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 32,
+                             "long_factor": [2.0] * 32, "original_max_position_embeddings": 32},
+        ),
+    }
+    for message, config in cases.items():
+        model = AutoModelForCausalLM.from_config(config)
+        assert message in (fused_decoder_refusal(model) or ""), message
+        with pytest.raises(ValueError, match="FusedDecoder cannot run this model"):
+            FusedDecoder(model, pack=False)

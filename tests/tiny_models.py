@@ -42,9 +42,9 @@ def build_tiny_chat_model(
     """Train a byte-level BPE tokenizer, build a random-weight causal LM, save both to ``path``.
 
     Returns ``path``, loadable with ``AutoTokenizer``/``AutoModelForCausalLM.from_pretrained`` and by
-    vLLM. ``arch`` is ``qwen2`` or ``llama``. One attention head of size 64 is used because vLLM's
-    CPU attention kernels only accept common head sizes (64 is one). ``kv_heads`` key/value heads shared by the
-``hidden_size // 64`` query heads (grouped-query attention). Same ``seed`` -> same weights.
+    vLLM. ``arch`` is ``qwen2`` or ``llama``. Attention heads are of size 64 (``hidden_size // 64`` of them)
+    because vLLM's CPU attention kernels only accept common head sizes (64 is one); ``kv_heads`` key/value
+    heads are shared by them (grouped-query attention). Same ``seed`` -> same weights.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

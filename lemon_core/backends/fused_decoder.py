@@ -7,17 +7,22 @@ CPU backend's decoding step from vLLM's CPU build was not the matrix products bu
 
 - one projection for q, k and v together, and one for gate and up together: 4 matrix products a layer instead
   of 7, each on a weight packed once for oneDNN when packing is on;
-- rotary cos/sin for all layers computed once per step, q and k rotated together; RMSNorm weights folded into
-  the projections after them;
+- RMSNorm weights folded into the projections after them; q and k rotated together;
 - grouped-query attention without copies of the KV heads (a decoding step: two batched matrix products per
   layer; the prompt pass: SDPA's ``enable_gqa``), over the room a ``KVRoom`` reserved for the whole answer;
 - no per-layer module dispatch, hooks, mask objects or cache classes.
 
-It computes what transformers' forward computes (logits equal to ~1e-5 in fp32: a different summation order in
-the fused products and the norm); ``tests/test_fused_decoder.py`` checks it against the model's own forward on
-left-padded batches, after rows leave the batch, for both architectures. ``bench/engines.py`` has the
-end-to-end figures. Models it does not cover (other architectures, sliding windows, rope types that change
-with the sequence length) keep transformers' forward: ``fused_decoder_refusal`` says why.
+It computes what transformers' forward computes, up to the summation order of the fused products and the norm
+(fp32 logits equal to 3e-5 on Qwen2.5-Coder-0.5B, 1.2e-4 on SmolLM2-135M whose logits reach ~20; the same greedy
+picks); ``tests/test_fused_decoder.py`` checks it against the model's own forward on left-padded batches, after
+rows leave the batch, for both architectures. ``bench/engines.py`` has the end-to-end figures. Models it does not
+cover keep transformers' forward, and ``fused_decoder_refusal`` says why: other architectures, sliding windows,
+activations other than SiLU, rope types whose frequencies are not fixed at load, and projections that are not
+plain ``nn.Linear`` (a LoRA adapter loaded through peft, a quantized layer: their ``.weight`` is not what they
+compute, so a copy of it would silently drop the adapter or the quantization).
+
+The decoder copies the weights when it is built: changing the model's weights afterwards changes nothing it
+writes (build a new one).
 """
 
 from __future__ import annotations
@@ -35,20 +40,37 @@ from lemon_core.backends.packed_linear import PackedLinear
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
+# Rope types whose frequencies transformers fixes when the model loads (``rotary_emb.inv_freq`` and
+# ``attention_scaling``); others (dynamic, longrope) change them with the sequence length.
+FIXED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
 def fused_decoder_refusal(model: nn.Module) -> str | None:
     """Why ``FusedDecoder`` cannot run ``model`` (None when it can): the backend then keeps transformers' forward."""
     cfg = model.config
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {cfg.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if hasattr(model, "peft_config") or getattr(cfg, "quantization_config", None) is not None:
+        return "a peft adapter or a quantized model (merge or dequantize it first)"
     if getattr(cfg, "use_sliding_window", False) or any(
         kind != "full_attention" for kind in getattr(cfg, "layer_types", None) or []
     ):
         return "sliding-window attention"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (only silu)"
-    rope = getattr(model.model, "rotary_emb", None)
-    if rope is None or getattr(rope, "rope_type", "default") not in ("default", "linear", "llama3", "yarn"):
-        return f"rope type {getattr(rope, 'rope_type', None)!r} changes with the sequence length"
+    body = getattr(model, "model", None)
+    rope = getattr(body, "rotary_emb", None)
+    if rope is None or not hasattr(rope, "inv_freq"):
+        return "no rotary embedding module (model.model.rotary_emb with inv_freq)"
+    if getattr(rope, "rope_type", "default") not in FIXED_ROPE_TYPES:
+        return f"rope type {rope.rope_type!r} is not one whose frequencies are fixed at load {FIXED_ROPE_TYPES}"
+    projections = [getattr(model, "lm_head", None)]
+    for layer in getattr(body, "layers", None) or [None]:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        projections += [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        projections += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if any(type(p) is not nn.Linear for p in projections):
+        return "projections that are not plain nn.Linear layers (a LoRA adapter, quantized or packed layers)"
     return None
 
 
@@ -67,9 +89,10 @@ def _projection(
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases, strict=True)]
     )
-    dense = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    dense.weight.data, dense.bias = weight, None if bias is None else nn.Parameter(bias)
-    return PackedLinear(dense) if pack else dense.requires_grad_(False)
+    dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")  # meta: no random init
+    dense.weight = nn.Parameter(weight, requires_grad=False)
+    dense.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+    return PackedLinear(dense) if pack else dense
 
 
 @dataclass

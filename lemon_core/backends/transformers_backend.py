@@ -44,7 +44,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class TransformersBackend:
     """Generate with a local causal LM. ``model``: local path, `lemon models` alias, or HF id.
 
-    ``self.model`` and ``self.tokenizer`` stay public so a policy/trainer can reuse the loaded weights.
+    ``self.model`` and ``self.tokenizer`` stay public. With the fused forward (``self.decoder``, the default for
+    fp32 on CPU) generation runs on the decoder's own copies of the weights, made at construction: a change to
+    ``self.model``'s weights afterwards does not reach what this backend writes. The model keeps its dense
+    weights beside those copies; for a checkpoint stored in fp32 (both models of the CPU pool) they are clean
+    pages of the mmapped file, for one stored in bf16 and loaded in fp32 a second copy in memory.
     """
 
     greedy_uses_seed = False  # a greedy answer is the same for every seed (CapacityPool.greedy_uses_seed)
@@ -64,6 +68,7 @@ class TransformersBackend:
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from lemon_core.lora import is_lora_checkpoint, load_merged_lora
         from lemon_core.models import ModelError, resolve_model
 
         if dtype not in _DTYPES:
@@ -81,7 +86,10 @@ class TransformersBackend:
             raise BackendError(str(e)) from e
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
+            if is_lora_checkpoint(self.model_path):  # adapters folded in: plain layers that can be packed or fused
+                self.model = load_merged_lora(self.model_path, dtype=_DTYPES[dtype])
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
         except (OSError, ValueError) as e:
             raise BackendError(f"cannot load model {model!r} (resolved to {self.model_path!r}): {e}") from e
         self.model.to(device).eval()
