@@ -45,6 +45,19 @@ def _assert_same_logits(fused: torch.Tensor, reference: torch.Tensor) -> None:
     assert float((fused - reference).abs().max()) <= 2e-5 * max(scale, 1.0), (scale, (fused - reference).abs().max())
 
 
+def _decode_side_by_side(model: torch.nn.Module, prompts: list[list[int]], steps: int) -> None:
+    """The prompt pass and ``steps - 1`` greedy decoding steps, fused (packed) and the model's own, logits equal."""
+    decoder = FusedDecoder(model, pack=True)
+    ids, attention = _left_padded(prompts, pad=0)
+    capacity = ids.shape[1] + steps
+    room, cache = decoder.new_room(len(prompts), capacity), reserved_kv_cache(model.config, capacity)
+    for _ in range(steps):
+        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
+        _assert_same_logits(fused, reference)
+        ids = reference.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+
+
 def _left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -145,14 +158,7 @@ def test_fused_logits_equal_the_models_own_under_scaled_rotary_embeddings(tmp_pa
     config.rope_parameters = {"rope_theta": 10000.0, **ROPES[rope]}
     model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
     assert model.model.rotary_emb.rope_type == rope
-    decoder = FusedDecoder(model, pack=True)
-    ids, attention = _left_padded([[5, 9, 11, 30, 7, 8, 40, 41, 3, 12, 19, 22], [6, 7, 8]], pad=0)
-    room, cache = decoder.new_room(2, ids.shape[1] + 4), reserved_kv_cache(model.config, ids.shape[1] + 4)
-    for _ in range(4):
-        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
-        _assert_same_logits(fused, reference)
-        ids = reference.argmax(-1, keepdim=True)
-        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+    _decode_side_by_side(model, [[5, 9, 11, 30, 7, 8, 40, 41, 3, 12, 19, 22], [6, 7, 8]], steps=4)
     config.rope_parameters = {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}
     dynamic = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32)
     assert "rope type 'dynamic' is not one whose frequencies are fixed" in (fused_decoder_refusal(dynamic) or "")
@@ -168,14 +174,7 @@ def test_fused_logits_equal_the_models_own_with_biases_tied_embeddings_and_a_hea
     torch.manual_seed(0)
     model = _randomised(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), seed=1)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    decoder = FusedDecoder(model, pack=True)
-    ids, attention = _left_padded([[5, 9, 11, 30, 7, 8], [6, 7]], pad=0)
-    room, cache = decoder.new_room(2, ids.shape[1] + 3), reserved_kv_cache(model.config, ids.shape[1] + 3)
-    for _ in range(3):
-        fused, reference = decoder.logits(ids, attention, room), _reference_logits(model, ids, attention, cache)
-        _assert_same_logits(fused, reference)
-        ids = reference.argmax(-1, keepdim=True)
-        attention = torch.cat([attention, torch.ones_like(ids)], dim=1)
+    _decode_side_by_side(model, [[5, 9, 11, 30, 7, 8], [6, 7]], steps=3)
 
 
 def test_a_lora_checkpoint_is_served_with_its_adapter_folded_in(tmp_path: Path) -> None:
