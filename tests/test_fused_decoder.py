@@ -7,6 +7,7 @@ rows have left the batch, with and without oneDNN-packed projections; then the b
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,14 @@ def test_a_lora_checkpoint_is_served_with_its_adapter_folded_in(tmp_path: Path) 
         merged = TransformersBackend(str(merged_dir), fused_forward=fused)
         assert [c.text for c in merged.generate(requests)] == [c.text for c in with_adapter]
     assert [c.text for c in with_adapter] != [c.text for c in TransformersBackend(str(base_dir)).generate(requests)]
+
+
+def test_a_lora_checkpoint_without_peft_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base_dir = build_tiny_chat_model(tmp_path / "base", seed=0)
+    (base_dir / "adapter_config.json").write_text("{}")  # what marks a folder as a LoRA checkpoint
+    monkeypatch.setitem(sys.modules, "peft", None)  # makes `import peft` raise ImportError
+    with pytest.raises(BackendError, match=r"is a LoRA checkpoint .*pip install peft==0.21.2"):
+        TransformersBackend(str(base_dir))
 
 
 def test_what_the_fused_forward_refuses_is_named() -> None:

@@ -68,7 +68,7 @@ class TransformersBackend:
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from lemon_core.lora import is_lora_checkpoint, load_merged_lora
+        from lemon_core.lora import is_lora_checkpoint
         from lemon_core.models import ModelError, resolve_model
 
         if dtype not in _DTYPES:
@@ -87,7 +87,7 @@ class TransformersBackend:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             if is_lora_checkpoint(self.model_path):  # adapters folded in: plain layers that can be packed or fused
-                self.model = load_merged_lora(self.model_path, dtype=_DTYPES[dtype])
+                self.model = self._load_lora(model, dtype)
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_DTYPES[dtype])
         except (OSError, ValueError) as e:
@@ -129,6 +129,18 @@ class TransformersBackend:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = next(iter(self.eos_ids)) if self.eos_ids else 0
+
+    def _load_lora(self, model: str, dtype: str) -> Any:
+        """A LoRA checkpoint (adapter only) with its adapter folded into its base's weights."""
+        from lemon_core.lora import load_merged_lora
+
+        try:
+            return load_merged_lora(self.model_path, dtype=_DTYPES[dtype])
+        except RuntimeError as e:  # peft is missing (an extra: lemon[dev] or pip install peft)
+            raise BackendError(
+                f"model {model!r} is a LoRA checkpoint (adapter_config.json in {self.model_path}); loading it "
+                f"needs peft: pip install peft==0.21.2"
+            ) from e
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         out: list[Completion] = []
