@@ -29,7 +29,12 @@ Engines:
   turn. Skipped when ``import llama_cpp`` fails (docs/gpu_check.md says what building it here took).
 
     python bench/engines.py                           # Qwen2.5-Coder-0.5B-Instruct (lemon models pull), 128 tokens
+    python bench/engines.py --rounds 3                # engines in turn 3 times: medians and each round's ratio
     python bench/engines.py --quick --model PATH      # smoke run: batch 1 and 8, 32 tokens
+
+With ``--rounds N`` the engines run in turn N times (A, B, A, B, ...), so drift on a shared machine hits them
+alike; each figure is then the median over the rounds (peak RSS the largest), the ratio line is computed from
+those medians, and ``ratio per round:`` shows the spread (vLLM's own tok/s moved 3.5% between single runs here).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -269,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-python", default=None, help="a Python with llama-cpp-python (default: this one)")
     ap.add_argument("--gguf", default=None, help="f32 GGUF of --model for llama.cpp")
     ap.add_argument("--llama-convert", default=None, help="llama.cpp's convert_hf_to_gguf.py, to make the GGUF")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the engines in turn this many times and report each figure's median (and the ratio "
+                         "of each round): these machines are noisy (vLLM's tok/s moved 3.5%% between runs here)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--worker", choices=("transformers", "transformers-unfused", "transformers-dense", "vllm",
                                          "llamacpp"),
@@ -281,26 +290,62 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.batches, args.max_tokens = [1, 8], 32
     bad = [b for b in args.batches if not 1 <= b <= len(PROMPTS)]
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1 (got {args.rounds})")
     if bad or args.max_tokens < 2:
         ap.error(f"--batches must be in 1..{len(PROMPTS)} (got {bad}) and --max-tokens >= 2 (got {args.max_tokens})")
     args.model = resolve(args.model)
     print(f"model={args.model} fp32 greedy max_tokens={args.max_tokens} batches={args.batches} "
           f"prompts={len(PROMPTS)}")
-    results: dict[str, dict] = {}
-    for name, python, kind, threads, gguf in engine_plan(args):
-        try:
-            results[name] = run_engine(python, kind, threads, args, gguf)
-        except (RuntimeError, subprocess.CalledProcessError) as e:
-            print(f"{name}: FAILED {e}")
-            continue
-        for row in results[name]["rows"]:
-            shown = "default" if threads == DEFAULT_THREADS else threads
-            print(f"{name:18s} threads={shown} batch={row['batch']:2d} tokens={row['tokens']:5d} "
-                  f"{row['tok_s']:7.2f} tok/s  prefill {row['prefill_s']:6.2f}s  decode {row['decode_tok_s']:7.2f} "
-                  f"tok/s  peak_rss={results[name]['peak_rss_mib']:.0f}MiB")
+    plan, runs = engine_plan(args), {}
+    for round_ in range(args.rounds):  # engines in turn, round after round: drift on the machine hits them alike
+        label = f"round {round_ + 1}/{args.rounds} " if args.rounds > 1 else ""
+        for name, python, kind, threads, gguf in plan:
+            try:
+                result = run_engine(python, kind, threads, args, gguf)
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                print(f"{label}{name}: FAILED {e}")
+                continue
+            runs.setdefault(name, []).append(result)
+            print_rows(label + name, threads, result)
+    results = {name: median_result(rounds) for name, rounds in runs.items()}
+    if args.rounds > 1:
+        for name, _python, _kind, threads, _gguf in plan:
+            if name in results:
+                print_rows(f"median of {len(runs[name])} {name}", threads, results[name])
+        per_round = [baseline_ratio({n: rs[i] for n, rs in runs.items() if i < len(rs)}, max(args.batches))
+                     for i in range(args.rounds)]
+        print("ratio per round: " + " ".join("nan" if r is None else f"{r:.3f}" for r in per_round))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({**results, "rounds": runs}, indent=1))
     return print_ratio(results, max(args.batches))
+
+
+def print_rows(label: str, threads: int, result: dict) -> None:
+    shown = "default" if threads == DEFAULT_THREADS else threads
+    for row in result["rows"]:
+        print(f"{label:18s} threads={shown} batch={row['batch']:2d} tokens={row['tokens']:5d} "
+              f"{row['tok_s']:7.2f} tok/s  prefill {row['prefill_s']:6.2f}s  decode {row['decode_tok_s']:7.2f} "
+              f"tok/s  peak_rss={result['peak_rss_mib']:.0f}MiB")
+
+
+def median_result(rounds: list[dict]) -> dict:
+    """One engine's figures over its rounds: the median of each per-batch figure, the largest peak RSS."""
+    rows = []
+    for i, first in enumerate(rounds[0]["rows"]):
+        per_round = [r["rows"][i] for r in rounds]
+        rows.append({**first, **{key: statistics.median(row[key] for row in per_round)
+                                 for key in ("seconds", "tok_s", "prefill_s", "decode_tok_s")}})
+    return {"rows": rows, "peak_rss_mib": max(r["peak_rss_mib"] for r in rounds)}
+
+
+def baseline_ratio(results: dict[str, dict], batch: int) -> float | None:
+    """The baseline's tok/s over the best other engine's at ``batch`` (None when either is missing)."""
+    def rate(name: str) -> float:
+        return next(r["tok_s"] for r in results[name]["rows"] if r["batch"] == batch)
+
+    others = [rate(n) for n in results if n != BASELINE and not n.startswith("transformers")]
+    return rate(BASELINE) / max(others) if BASELINE in results and others else None
 
 
 def print_ratio(results: dict[str, dict], batch: int) -> int:

@@ -155,3 +155,42 @@ def test_ratio_is_the_default_engine_over_the_best_other(capsys: pytest.CaptureF
     out = capsys.readouterr().out.splitlines()
     assert out[-2] == "best other engine at batch 32: vllm 60.00 tok/s"  # lemon's other variants are not rivals
     assert out[-1] == "ratio=0.600"
+    assert _engines().baseline_ratio(results, 32) == pytest.approx(0.6)
+    assert _engines().baseline_ratio({"transformers": rows(30.0, 36.0)}, 32) is None
+
+
+def test_rounds_report_each_figures_median_and_the_largest_peak() -> None:
+    def run(tok_s: float, prefill_s: float, rss: float) -> dict:
+        row = {"batch": 32, "tokens": 4096, "seconds": 4096 / tok_s, "tok_s": tok_s, "prefill_s": prefill_s,
+               "decode_tok_s": tok_s * 1.2}
+        return {"rows": [row], "peak_rss_mib": rss}
+
+    median = _engines().median_result([run(130.0, 5.1, 4600), run(136.0, 4.6, 4700), run(131.0, 4.7, 4650)])
+    [row] = median["rows"]
+    assert (row["tok_s"], row["prefill_s"], row["decode_tok_s"]) == (131.0, 4.7, pytest.approx(157.2))
+    assert row["tokens"] == 4096 and row["batch"] == 32 and median["peak_rss_mib"] == 4700
+
+
+@pytest.mark.slow
+def test_engine_bench_rounds_on_a_tiny_model(tmp_path: Path) -> None:
+    """--rounds 2: every engine runs once per round, in turn; the medians and each round's ratio are printed."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import build_tiny_chat_model
+
+    model = build_tiny_chat_model(tmp_path / "tiny", seed=0)
+    out = tmp_path / "engines.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "engines.py"), "--quick", "--model", str(model),
+         "--engines", "transformers", "vllm", "--vllm-python", str(tmp_path / "no-python"), "--rounds", "2",
+         "--json", str(out)],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for label in ("round 1/2 transformers", "round 2/2 transformers", "median of 2 transformers"):
+        assert sum(line.startswith(label) for line in lines) == 2, label  # one row per batch size (1 and 8)
+    assert "ratio per round: nan nan" in lines and lines[-1].startswith("ratio=nan (no other engine ran")
+    saved = json.loads(out.read_text())
+    assert len(saved["rounds"]["transformers"]) == 2
+    tok_s = sorted(r["rows"][0]["tok_s"] for r in saved["rounds"]["transformers"])
+    assert saved["transformers"]["rows"][0]["tok_s"] == pytest.approx(sum(tok_s) / 2)  # median of two
