@@ -96,7 +96,7 @@ def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_lea
     for step in range(5):
         if step == 3:  # the middle row finishes: rows 0 and 2 go on, moved to the front
             keep = torch.tensor([0, 2])
-            decoder.keep_rows(room, keep)
+            room.batch_select_indices(keep)
             cache.batch_select_indices(keep)
             attention, reference = attention[keep], reference[keep]
         ids = reference.argmax(-1, keepdim=True)

@@ -123,8 +123,9 @@ class KVRoom:
         self.values[layer][:, :, start:end].copy_(values)
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (finished rows leave the batch), moved to the front; only filled positions are copied."""
+    def batch_select_indices(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (finished rows leave the batch), moved to the front; only filled positions are copied.
+        Named as transformers' caches name it, so the decoding loop treats both rooms alike."""
         kept = len(rows)
         for buffers in (self.keys, self.values):
             for i, buffer in enumerate(buffers):
@@ -172,19 +173,13 @@ class FusedDecoder:
         """The KV buffers for one batch: ``capacity`` = padded prompt width + the most tokens any row may write."""
         return KVRoom(len(self.layers), batch, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
-    @staticmethod
-    def keep_rows(room: KVRoom, rows: torch.Tensor) -> None:
-        """Finished rows leave the batch (the decoding loop's view of ``KVRoom.keep_rows``)."""
-        room.keep_rows(rows)
-
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor, attention: torch.Tensor, room: KVRoom) -> torch.Tensor:
         """Last-position logits ``[batch, vocab]`` after feeding ``input_ids`` ``[batch, new]`` (the whole left-padded
         prompt at the first step, one token a row after). ``attention`` ``[batch, filled + new]`` is 1 on real
         tokens, 0 on padding; it fixes each token's position and what it may attend to."""
         new = input_ids.shape[1]
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -new:]
-        cos, sin = self._rotary(positions)
+        cos, sin = self._rotary(token_positions(attention, new))
         mask = _attention_mask(attention, new).to(self.dtype)
         if new == 1:  # decoding attends per KV head (``_attention``): the mask of each [batch x kv head] pair
             mask = mask.expand(-1, self.kv_heads, -1, -1).reshape(-1, 1, attention.shape[1])
@@ -227,6 +222,12 @@ class FusedDecoder:
         angles = positions.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(2)
         return (angles.cos() * self.rope_scale).to(self.dtype), (angles.sin() * self.rope_scale).to(self.dtype)
+
+
+def token_positions(attention: torch.Tensor, new: int) -> torch.Tensor:
+    """Position ids ``[batch, new]`` of the last ``new`` tokens: a row's real tokens count from 0 after its left
+    padding (padding positions get 0)."""
+    return (attention.cumsum(-1) - 1).clamp(min=0)[:, -new:]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

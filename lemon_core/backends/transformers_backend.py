@@ -34,7 +34,7 @@ import torch
 
 from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop
 from lemon_core.backends.cpu_allocator import keep_heap_pad
-from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
+from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal, token_positions
 from lemon_core.backends.kv_cache import reserved_kv_cache
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
 
@@ -220,7 +220,7 @@ class TransformersBackend:
                 # Finished rows leave the batch: a step costs per row, and one batch's answers differ in
                 # length (a batch of CoT answers would otherwise run to its longest at full width).
                 keep = torch.tensor(going, dtype=torch.long)
-                forward.keep_rows(room, keep.to(self.device))
+                room.batch_select_indices(keep.to(self.device))
                 attention, seq = attention[keep.to(self.device)], seq[keep]
                 if grammar is not None:
                     grammar.keep_rows(going)
@@ -247,8 +247,9 @@ class TransformersBackend:
 
 
 class _TransformersForward:
-    """The model's own forward with the decoding loop's interface (``FusedDecoder``'s): for the models that
-    ``fused_decoder`` does not cover, and as the reference it is tested against."""
+    """The model's own forward with the decoding loop's interface (``FusedDecoder``'s ``new_room`` and ``logits``;
+    both rooms drop finished rows with ``batch_select_indices``): for the models that ``fused_decoder`` does not
+    cover, and as the reference it is tested against."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -257,16 +258,12 @@ class _TransformersForward:
         return reserved_kv_cache(self.model.config, capacity)
 
     def logits(self, input_ids: torch.Tensor, attention: torch.Tensor, room: Any) -> torch.Tensor:
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
+        positions = token_positions(attention, input_ids.shape[1])
         res = self.model(
             input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=room,
             use_cache=True, logits_to_keep=1,  # only the last position's logits are needed: skips the vocab
         )                                      # projection for every prompt token during prefill
         return res.logits[:, -1, :]
-
-    @staticmethod
-    def keep_rows(room: Any, rows: torch.Tensor) -> None:
-        room.batch_select_indices(rows)
 
 
 def _generator(seed: int) -> torch.Generator:
