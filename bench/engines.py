@@ -339,30 +339,36 @@ def median_result(rounds: list[dict]) -> dict:
     return {"rows": rows, "peak_rss_mib": max(r["peak_rss_mib"] for r in rounds)}
 
 
-def baseline_ratio(results: dict[str, dict], batch: int) -> float | None:
-    """The baseline's tok/s over the best other engine's at ``batch`` (None when either is missing)."""
-    def rate(name: str) -> float:
-        return next(r["tok_s"] for r in results[name]["rows"] if r["batch"] == batch)
+def tok_s_at(results: dict[str, dict], name: str, batch: int) -> float:
+    return next(r["tok_s"] for r in results[name]["rows"] if r["batch"] == batch)
 
-    others = [rate(n) for n in results if n != BASELINE and not n.startswith("transformers")]
-    return rate(BASELINE) / max(others) if BASELINE in results and others else None
+
+def best_rival(results: dict[str, dict], batch: int) -> str | None:
+    """The fastest engine at ``batch`` that is not lemon's (lemon's other variants are shown, not counted)."""
+    rivals = [n for n in results if n != BASELINE and not n.startswith("transformers")]
+    return max(rivals, key=lambda n: tok_s_at(results, n, batch)) if rivals else None
+
+
+def baseline_ratio(results: dict[str, dict], batch: int) -> float | None:
+    """The baseline's tok/s over the best rival's at ``batch`` (None when either is missing)."""
+    rival = best_rival(results, batch)
+    if BASELINE not in results or rival is None:
+        return None
+    return tok_s_at(results, BASELINE, batch) / tok_s_at(results, rival, batch)
 
 
 def print_ratio(results: dict[str, dict], batch: int) -> int:
     """``ratio=<baseline tok/s / best other engine's tok/s>`` at ``batch``; ``ratio=nan`` without a rival."""
-    def rate(name: str) -> float:
-        return next(r["tok_s"] for r in results[name]["rows"] if r["batch"] == batch)
-
     if BASELINE not in results:
         print(f"ratio=nan ({BASELINE} did not run)")
         return 1
-    others = {n: rate(n) for n in results if n != BASELINE and not n.startswith("transformers")}
-    if not others:
-        print(f"ratio=nan (no other engine ran; {BASELINE} {rate(BASELINE):.2f} tok/s at batch {batch})")
+    rival = best_rival(results, batch)
+    if rival is None:
+        own = tok_s_at(results, BASELINE, batch)
+        print(f"ratio=nan (no other engine ran; {BASELINE} {own:.2f} tok/s at batch {batch})")
         return 0
-    best = max(others, key=lambda n: others[n])
-    print(f"best other engine at batch {batch}: {best} {others[best]:.2f} tok/s")
-    print(f"ratio={rate(BASELINE) / others[best]:.3f}")
+    print(f"best other engine at batch {batch}: {rival} {tok_s_at(results, rival, batch):.2f} tok/s")
+    print(f"ratio={baseline_ratio(results, batch):.3f}")
     return 0
 
 
