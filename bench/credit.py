@@ -272,11 +272,11 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
 
 
 def _credit_overrides(args: argparse.Namespace) -> dict:
+    common = {"scale_rewards": args.scale_rewards}  # both formulas: GRPO's std scaling or Dr. GRPO's centring
     if args.credit == "legacy":  # the paper's formula: no std floor, no cap, no dropped groups
-        return {"std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False,
-                "scale_rewards": args.scale_rewards}
-    return {"std_floor": args.std_floor, "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
-            "scale_rewards": args.scale_rewards,
+        return {**common, "std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
+    return {**common, "std_floor": args.std_floor,
+            "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
             "drop_uniform_success_groups": args.drop_uniform,
             "cf_weight_by_abs_delta": args.cf_weight == "quadratic"}
 

@@ -110,3 +110,19 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
                             capture_output=True, text=True, env=env, timeout=120, check=False)
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert merged.stdout.strip().splitlines()[-2:] == lines[-2:]
+
+
+def test_both_credit_formulas_honour_scale_rewards() -> None:
+    """--credit legacy used to drop --no-scale-rewards (fixed in edd55c2 without a test): both formulas pass it on,
+    and each keeps its own floor, cap and drop settings."""
+    import argparse
+
+    for scale in (True, False):
+        args = argparse.Namespace(credit="legacy", scale_rewards=scale, std_floor=0.05, cf_max_ratio=2.0,
+                                  drop_uniform=True, cf_weight="linear")
+        assert _credit()._credit_overrides(args) == {
+            "scale_rewards": scale, "std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
+        args.credit = "calibrated"
+        assert _credit()._credit_overrides(args) == {
+            "scale_rewards": scale, "std_floor": 0.05, "cf_max_ratio": 2.0, "drop_uniform_success_groups": True,
+            "cf_weight_by_abs_delta": False}
