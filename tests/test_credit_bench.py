@@ -3,7 +3,6 @@ rollouts' reward without the simulated pool's draws (E[reward | spec, task]), wh
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -20,20 +19,14 @@ from lemon_core.pool import load_pool
 from lemon_core.sft import SFTConfig, sft_train
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_modules import load_bench  # noqa: E402
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _credit() -> ModuleType:
-    """bench/credit.py as a module (bench/ is not a package)."""
-    if "credit_bench" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("credit_bench", REPO / "bench" / "credit.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["credit_bench"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["credit_bench"]
+    return load_bench("credit.py", "credit_bench")
 
 
 @pytest.fixture

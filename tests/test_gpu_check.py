@@ -4,7 +4,6 @@ hiding the others."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,21 +13,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_modules import load_bench  # tests/ is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.sh"
 
 
 def _gpu_check() -> ModuleType:
-    """bench/gpu_check.py as a module (bench/ is not a package)."""
-    if "gpu_check" in sys.modules:
-        return sys.modules["gpu_check"]
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gpu_check.py", "gpu_check")
 
 
 def _run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -108,14 +100,7 @@ def test_bad_device_is_refused_with_the_fix() -> None:
 
 # --- bench/engines.py -------------------------------------------------------------------------------
 def _engines() -> ModuleType:
-    if "engines_bench" in sys.modules:
-        return sys.modules["engines_bench"]
-    spec = importlib.util.spec_from_file_location("engines_bench", REPO / "bench" / "engines.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["engines_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("engines.py", "engines_bench")
 
 
 @pytest.mark.slow
