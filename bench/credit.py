@@ -98,13 +98,34 @@ so it called runs fine whose rollouts were 50% invalid (ratio 1.063 with it, 20 
 why std scaling prefers a cheap, usually-right spec to a dearer, better one) moved nothing measurable at 20 steps
 (ratio 0.979, rollout ratio 1.029, the normalised P(optimal) -0.006 ± 0.047 cf - grpo), so scale_rewards stays on.
 
+A family where the target needs the optimal pair (2026-12-06, `--prices 100,600,1000`: a `medium` level at 6x
+`small`'s price instead of 3x; the optimum and r* = 0.638 unchanged; every other pair below 0.9 r*, the runner-up
+(large, medium) at 0.849 r*; SFT re-run on that pool, since the orchestrator's prompt lists the prices: the shipped
+pool's SFT model wrote 44% invalid specs under the new prices before any update, so --sft-cache now refuses a model
+trained on another pool). Defaults otherwise (lr 2e-4, 40 steps), seeds 0-15:
+
+    arm       steps to 90% r* (censored)   expected reward, last 5 steps   optimal share, last 5   valid, last 5
+    grpo      41.00 (16 of 16)             0.382 ± 0.014                   0.19 ± 0.04             0.99
+    grpo+cf   41.00 (16 of 16)             0.309 ± 0.023                   0.25 ± 0.04             0.95
+    paired cf - grpo: expected reward -0.074 ± 0.027 (cf ahead 4/16), optimal share +0.062 ± 0.028 (11/16),
+                      P(optimal spec) at step 40 +0.005 ± 0.020 (9/16)
+    ratio=1.000 (raw_ratio=1.014)
+
+Neither arm gets near the target: the mean expected reward goes from 0.34 at step 1 to 0.36-0.38 (grpo) and 0.27-0.32
+(cf) at step 40, against 0.574. The span term again moves more samples to the optimal pair, and here costs reward
+because the cf arm writes more broken specs (valid 0.95 vs 0.99; 0.78 on its worst seed): the price contrasts its
+capacity edits put on their spans are twice as large as with the shipped prices. So making the family strict turns
+the metric from one the group term meets alone into one neither arm meets in a CPU-sized horizon; NOT reached either
+way, and the bench keeps the shipped prices by default.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
         # and --first-seed 8 ... run8.json beside it (~13 min per process of 8 seeds at 40 steps);
         # the 20-step runs above: --steps 20 --lr 5e-4
-    python bench/credit.py --merge run0.json run8.json
-    (--cf-weight quadratic, --cf-coef 1, --families all, --credit legacy, --no-scale-rewards: the variants)
+    python bench/credit.py --merge run0.json run8.json     # refuses files of different settings
+    (--prices 100,600,1000 with its own --sft-cache, --cf-weight quadratic, --cf-coef 1, --families all,
+     --credit legacy, --no-scale-rewards: the variants)
 """
 
 from __future__ import annotations
@@ -119,6 +140,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import build_tiny_chat_model  # noqa: E402
@@ -167,8 +189,8 @@ class SpecRewards:
     """E[reward | spec, task] on the simulated pool: the mean of ``draws`` seeded executions (the pool is random),
     kept per (spec, task). r* and the de-noised rollout rewards both come from here."""
 
-    def __init__(self, reward: RewardConfig, draws: int = 30) -> None:
-        self.pool, self.reward, self.draws = load_pool("simulated"), reward, draws
+    def __init__(self, reward: RewardConfig, draws: int = 30, pool: str | Path = "simulated") -> None:
+        self.pool, self.reward, self.draws = load_pool(pool), reward, draws
         self._known: dict[tuple[str, str], float] = {}
 
     def __call__(self, spec: OrchestrationSpec, task: Example) -> float:
@@ -187,8 +209,35 @@ def pair_rewards(tasks: Sequence[Example], rewards: SpecRewards) -> dict[tuple[s
     table = {pair: statistics.fmean(rewards(solve_check_spec(*pair), t) for t in tasks) for pair in PAIRS}
     best = max(table, key=table.__getitem__)
     if best != OPTIMUM:
-        raise SystemExit(f"the pool's best pair is {best}, not {OPTIMUM}: check pool-simulated.yaml and --lambda-cost")
+        raise SystemExit(f"the pool's best pair is {best}, not {OPTIMUM}: check pool-simulated.yaml, "
+                         "--prices and --lambda-cost")
     return table
+
+
+def priced_pool(prices: Sequence[float] | None, where: Path) -> str:
+    """The pool the bench runs on: the built-in simulated pool, or (``--prices``) a copy of it whose levels cost
+    ``prices`` (input $ per 1M tokens of small, medium, large; output twice that), written under ``where``.
+
+    Why a price option: with the shipped prices a `medium` checker costs 0.03 more than a `small` one, so the pair
+    (large, medium) earns 0.95 r* and the steps to 90% of r* never needed the checker's capacity to be right."""
+    if prices is None:
+        return "simulated"
+    pool = load_pool("simulated")
+    if len(prices) != len(pool.levels):
+        raise SystemExit(f"--prices needs {len(pool.levels)} numbers (small,medium,large), got {len(prices)}")
+    data = pool.model_dump(mode="json")
+    for level, price in zip(data["levels"], prices, strict=True):
+        level["price_in_per_1m"], level["price_out_per_1m"] = price, 2 * price
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "pool-simulated-priced.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def runner_up(table: dict[tuple[str, str], float]) -> float:
+    """The best non-optimal pair's expected reward over r*: at or above --fraction, the steps-to-target metric can
+    be met without the optimal pair, i.e. without the checker's capacity ever being right."""
+    return max(r for pair, r in table.items() if pair != OPTIMUM) / table[OPTIMUM]
 
 
 def expected_reward(records: Sequence[RolloutRecord], tasks_by_id: dict[str, Example], rewards: SpecRewards) -> float:
@@ -231,9 +280,10 @@ def saved_rollouts(out: Path, steps: int) -> list[list[RolloutRecord]]:
 
 
 # --- one run ---------------------------------------------------------------------------------------
-def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, teacher: Path) -> TrainConfig:
+def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, teacher: Path,
+                pool: str = "simulated") -> TrainConfig:
     return TrainConfig(
-        model=str(model), pool="simulated", out=str(out), seed=seed, include_roles=False, include_format=False,
+        model=str(model), pool=pool, out=str(out), seed=seed, include_roles=False, include_format=False,
         iterations=0, tasks_per_iteration=args.tasks_per_step, checkpoint_every=1000, progress=False,
         save_rollouts=True,
         rollout=dict(group_size=args.group_size, edits_per_spec=0, max_new_tokens=args.max_new_tokens,
@@ -296,11 +346,23 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
 
 
 def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
-             where: Path) -> tuple[Path, TrainConfig]:
-    """The SFT-warmed model every arm and seed starts from (reused from `where` if already there)."""
-    base = base_config(model, where, args.sft_seed, args, teacher)
-    if not (where / "sft-model").exists():
+             where: Path, pool: str) -> tuple[Path, TrainConfig]:
+    """The SFT-warmed model every arm and seed starts from (reused from `where` if already there).
+
+    The orchestrator's prompt lists the pool's levels with their prices, so an SFT model is only reused with the
+    pool it was trained on: a model SFT-warmed on the shipped prices wrote 44% invalid specs under --prices
+    100,600,1000 before any GRPO step."""
+    base = base_config(model, where, args.sft_seed, args, teacher, pool)
+    prompt_pool = load_pool(pool).model_dump_json(include={"levels"})
+    marker = where / "sft-pool.json"
+    if (where / "sft-model").exists():
+        known = marker.read_text() if marker.exists() else load_pool("simulated").model_dump_json(include={"levels"})
+        if known != prompt_pool:  # a cache from before the marker was trained on the shipped pool
+            raise SystemExit(f"--sft-cache {where}: its SFT model was trained on another pool (other prices); "
+                             f"give a new folder")
+    else:
         train(base, examples=(train_tasks, eval_tasks), scorer=score)  # iterations=0: SFT only
+        marker.write_text(prompt_pool)
     return where / "sft-model", base
 
 
@@ -341,9 +403,21 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
     return m, se, sum(d > 0 for d in diffs)
 
 
+# Every setting that changes what a run measures (all but the seeds, the SFT cache and the output file).
+MERGE_MUST_AGREE = ("steps", "window", "fraction", "tasks_per_step", "group_size", "edits", "families", "credit",
+                    "std_floor", "cf_max_ratio", "scale_rewards", "drop_uniform", "cf_coef", "cf_weight",
+                    "lambda_cost", "prices", "lr", "kl", "epochs", "sft_steps", "sft_seed", "max_new_tokens",
+                    "grammar", "temperature")
+
+
 def merge(paths: Sequence[Path]) -> None:
     """Summarise several --json outputs (e.g. one seed per process) as one run."""
     docs = [json.loads(p.read_text()) for p in paths]
+    for key in MERGE_MUST_AGREE:  # pooling runs of different settings would report a ratio of neither
+        values = {json.dumps(d["args"].get(key)) for d in docs}
+        if len(values) > 1:
+            raise SystemExit(f"--merge: the files differ in {key} ({', '.join(sorted(values))}); merge runs of one "
+                             f"setting only")
     results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     for d in docs:
         for name in results:
@@ -378,6 +452,9 @@ def main() -> None:
                     default="quadratic" if GRPOConfig().cf_weight_by_abs_delta else "linear",
                     help="span term β·|Δ̃|·Δ̃ (quadratic, GRPOConfig.cf_weight_by_abs_delta) or β·Δ̃ (linear)")
     ap.add_argument("--lambda-cost", type=float, default=1.0)
+    ap.add_argument("--prices", type=lambda text: [float(x) for x in text.split(",")], default=None,
+                    metavar="S,M,L", help="input $ per 1M tokens of the small, medium and large levels (output twice "
+                    "that) instead of the shipped simulated pool's 100,300,1000")
     ap.add_argument("--lr", type=float, default=2e-4,
                     help="policy learning rate; at 5e-4 the policy starts writing broken specs after ~10 steps")
     ap.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
@@ -402,23 +479,30 @@ def main() -> None:
     tasks = make_tasks(8)
     train_tasks, eval_tasks = tasks[:6], tasks[6:]
     register_examples(tasks)
-    rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost))
-    table = pair_rewards(train_tasks, rewards)
-    r_star = table[OPTIMUM]
-    target = args.fraction * r_star
-    print("expected reward per (solver, checker) pair: "
-          + ", ".join(f"{s}/{c} {r:.3f}" for (s, c), r in sorted(table.items(), key=lambda kv: -kv[1])), flush=True)
-    print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} steps={args.steps} "
-          f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
     results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        pool = priced_pool(args.prices, work)
+        rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost), pool=pool)
+        table = pair_rewards(train_tasks, rewards)
+        r_star = table[OPTIMUM]
+        target = args.fraction * r_star
+        print("expected reward per (solver, checker) pair: "
+              + ", ".join(f"{s}/{c} {r:.3f}" for (s, c), r in sorted(table.items(), key=lambda kv: -kv[1])),
+              flush=True)
+        print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} "
+              f"runner_up={runner_up(table):.3f}r* prices={args.prices or 'shipped'} steps={args.steps} "
+              f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
+        if runner_up(table) >= args.fraction:
+            print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "
+                  f"optimal pair (see --prices)", flush=True)
         model = build_tiny_chat_model(work / "tiny", seed=0)
         teacher = work / "teacher.jsonl"
         rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(s, c))})
                 for t in train_tasks for s in LEVELS for c in LEVELS]
         teacher.write_text("\n".join(rows) + "\n")
-        sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft")
+        sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft",
+                                   pool)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             random.seed(seed)
             seeded = base.model_copy(update={"seed": seed, "out": str(work / f"run-{seed}" / "x")})
@@ -434,7 +518,8 @@ def main() -> None:
                       f"optimal_share={statistics.fmean(run['optimal_share'][-args.window:]):.2f} "
                       f"valid={statistics.fmean(run['valid'][-args.window:]):.2f}", flush=True)
     if args.json:
-        doc = {"r_star": r_star, "pair_rewards": {f"{s}/{c}": r for (s, c), r in table.items()},
+        doc = {"r_star": r_star, "runner_up": runner_up(table),
+               "pair_rewards": {f"{s}/{c}": r for (s, c), r in table.items()},
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": results}
         args.json.write_text(json.dumps(doc, indent=1))
     summarize(results, args.steps, args.window)

@@ -3,6 +3,7 @@ rollouts' reward without the simulated pool's draws (E[reward | spec, task]), wh
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -119,3 +120,62 @@ def test_both_credit_formulas_honour_scale_rewards() -> None:
         assert _credit()._credit_overrides(args) == {
             "scale_rewards": scale, "std_floor": 0.05, "cf_max_ratio": 2.0, "drop_uniform_success_groups": True,
             "cf_weight_by_abs_delta": False}
+
+
+def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
+    """--prices rewrites the simulated pool's prices (output twice the input): with the shipped ones a non-optimal
+    pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;
+    with a dearer `medium` (100,600,1000) every other pair stays below it and the optimum is unchanged."""
+    credit = _credit()
+    from lemon_core.backends.simulated import register_examples
+    from lemon_core.reward import RewardConfig
+
+    assert credit.priced_pool(None, tmp_path) == "simulated"
+    path = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
+    priced, shipped = load_pool(path), load_pool("simulated")
+    assert [(lv.price_in_per_1m, lv.price_out_per_1m) for lv in priced.levels] == [
+        (100.0, 200.0), (600.0, 1200.0), (1000.0, 2000.0)]
+    assert [lv.model_dump(exclude={"price_in_per_1m", "price_out_per_1m"}) for lv in priced.levels] == [
+        lv.model_dump(exclude={"price_in_per_1m", "price_out_per_1m"}) for lv in shipped.levels]
+    with pytest.raises(SystemExit, match="3 numbers"):
+        credit.priced_pool([100.0, 600.0], tmp_path / "bad")
+
+    tasks = credit.make_tasks(6)
+    register_examples(tasks)
+    runner_up = {}
+    for name, pool in (("shipped", "simulated"), ("priced", path)):
+        table = credit.pair_rewards(tasks, credit.SpecRewards(RewardConfig(lambda_cost=1.0), pool=pool))
+        runner_up[name] = credit.runner_up(table)  # pair_rewards exits unless (large, small) is still the best
+    assert runner_up["shipped"] >= 0.9 > runner_up["priced"]
+
+
+def test_merge_refuses_runs_of_different_settings(tmp_path: Path) -> None:
+    credit = _credit()
+    run = {"grpo": [], "grpo+cf": []}
+    for name, prices in (("a", None), ("b", [100.0, 600.0, 1000.0])):
+        args = {key: 1 for key in credit.MERGE_MUST_AGREE} | {"prices": prices, "first_seed": len(name)}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"r_star": 0.6, "args": args, "results": run}))
+    with pytest.raises(SystemExit, match="differ in prices"):
+        credit.merge([tmp_path / "a.json", tmp_path / "b.json"])
+
+
+def test_sft_cache_is_reused_only_with_the_pool_it_was_trained_on(tmp_path: Path) -> None:
+    """The orchestrator's prompt lists the levels' prices, so an SFT model warmed on the shipped pool is out of
+    distribution under --prices (44% invalid specs before any GRPO step): reusing that cache is refused."""
+    import argparse
+
+    credit = _credit()
+    args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
+                              sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1)
+    cache = tmp_path / "sft"
+    (cache / "sft-model").mkdir(parents=True)  # a cache from before the marker: trained on the shipped pool
+    priced = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
+    tasks = credit.make_tasks(2)
+    reuse = lambda pool: credit.sft_once(tmp_path / "m", tmp_path / "t.jsonl", tasks, [], args, cache, pool)  # noqa: E731
+    assert reuse("simulated")[0] == cache / "sft-model"  # same pool: reused, nothing trained
+    with pytest.raises(SystemExit, match="trained on another pool"):
+        reuse(priced)
+    (cache / "sft-pool.json").write_text(load_pool(priced).model_dump_json(include={"levels"}))
+    assert reuse(priced)[0] == cache / "sft-model"
+    with pytest.raises(SystemExit, match="trained on another pool"):
+        reuse("simulated")
