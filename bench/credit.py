@@ -102,7 +102,7 @@ A family where the target needs the optimal pair (2026-12-06, `--prices 100,600,
 `small`'s price instead of 3x; the optimum and r* = 0.638 unchanged; every other pair below 0.9 r*, the runner-up
 (large, medium) at 0.849 r*; SFT re-run on that pool, since the orchestrator's prompt lists the prices: the shipped
 pool's SFT model wrote 44% invalid specs under the new prices before any update, so --sft-cache now refuses a model
-trained on another pool). Defaults otherwise (lr 2e-4, 40 steps), seeds 0-15:
+trained on other prices or SFT settings). Defaults otherwise (lr 2e-4, 40 steps), seeds 0-15:
 
     arm       steps to 90% r* (censored)   expected reward, last 5 steps   optimal share, last 5   valid, last 5
     grpo      41.00 (16 of 16)             0.382 ± 0.014                   0.19 ± 0.04             0.99
@@ -113,10 +113,11 @@ trained on another pool). Defaults otherwise (lr 2e-4, 40 steps), seeds 0-15:
 
 Neither arm gets near the target: the mean expected reward goes from 0.34 at step 1 to 0.36-0.38 (grpo) and 0.27-0.32
 (cf) at step 40, against 0.574. The span term again moves more samples to the optimal pair, and here costs reward
-because the cf arm writes more broken specs (valid 0.95 vs 0.99; 0.78 on its worst seed): the price contrasts its
-capacity edits put on their spans are twice as large as with the shipped prices. So making the family strict turns
-the metric from one the group term meets alone into one neither arm meets in a CPU-sized horizon; NOT reached either
-way, and the bench keeps the shipped prices by default.
+because the cf arm writes more broken specs (valid 0.95 vs 0.99; 0.78 on its worst seed). A guess, not measured: the
+edits from `medium` down to `small` now carry a 2.9x larger reward contrast (0.096 vs 0.033 for the checker under a
+`large` solver), while those down from `large` carry smaller ones (0.148 vs 0.211). So making the family strict turns
+the metric from one that plain GRPO met on 7 of 16 seeds without the optimal pair into one neither arm meets in 40
+steps; NOT reached either way, and the bench keeps the shipped prices by default.
 
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
@@ -189,8 +190,8 @@ class SpecRewards:
     """E[reward | spec, task] on the simulated pool: the mean of ``draws`` seeded executions (the pool is random),
     kept per (spec, task). r* and the de-noised rollout rewards both come from here."""
 
-    def __init__(self, reward: RewardConfig, draws: int = 30, pool: str | Path = "simulated") -> None:
-        self.pool, self.reward, self.draws = load_pool(pool), reward, draws
+    def __init__(self, reward: RewardConfig, draws: int = 30, pool_source: str = "simulated") -> None:
+        self.pool, self.reward, self.draws = load_pool(pool_source), reward, draws
         self._known: dict[tuple[str, str], float] = {}
 
     def __call__(self, spec: OrchestrationSpec, task: Example) -> float:
@@ -218,8 +219,9 @@ def priced_pool(prices: Sequence[float] | None, where: Path) -> str:
     """The pool the bench runs on: the built-in simulated pool, or (``--prices``) a copy of it whose levels cost
     ``prices`` (input $ per 1M tokens of small, medium, large; output twice that), written under ``where``.
 
-    Why a price option: with the shipped prices a `medium` checker costs 0.03 more than a `small` one, so the pair
-    (large, medium) earns 0.95 r* and the steps to 90% of r* never needed the checker's capacity to be right."""
+    Why a price option: with the shipped prices (large, medium) earns only 0.033 less than (large, small), 0.95 r*
+    (the `medium` checker costs 0.050 more and repairs a little more often), so the steps to 90% of r* never needed
+    the checker's capacity to be right."""
     if prices is None:
         return "simulated"
     pool = load_pool("simulated")
@@ -281,9 +283,9 @@ def saved_rollouts(out: Path, steps: int) -> list[list[RolloutRecord]]:
 
 # --- one run ---------------------------------------------------------------------------------------
 def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, teacher: Path,
-                pool: str = "simulated") -> TrainConfig:
+                pool_source: str = "simulated") -> TrainConfig:
     return TrainConfig(
-        model=str(model), pool=pool, out=str(out), seed=seed, include_roles=False, include_format=False,
+        model=str(model), pool=pool_source, out=str(out), seed=seed, include_roles=False, include_format=False,
         iterations=0, tasks_per_iteration=args.tasks_per_step, checkpoint_every=1000, progress=False,
         save_rollouts=True,
         rollout=dict(group_size=args.group_size, edits_per_spec=0, max_new_tokens=args.max_new_tokens,
@@ -345,24 +347,32 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return m, (standard_error(values) if len(values) > 1 else float("nan"))
 
 
-def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
-             where: Path, pool: str) -> tuple[Path, TrainConfig]:
-    """The SFT-warmed model every arm and seed starts from (reused from `where` if already there).
+def sft_marker(pool_source: str, args: argparse.Namespace) -> dict:
+    """What a cached SFT model depends on besides the fixed teacher: the levels and prices its prompts listed (the
+    orchestrator's prompt shows each level's name and prices: lemon_core/prompts.py) and the SFT settings."""
+    levels = [[lv.name, lv.price_in_per_1m, lv.price_out_per_1m] for lv in load_pool(pool_source).levels]
+    return {"levels": levels, "sft_steps": args.sft_steps, "sft_seed": args.sft_seed}
 
-    The orchestrator's prompt lists the pool's levels with their prices, so an SFT model is only reused with the
-    pool it was trained on: a model SFT-warmed on the shipped prices wrote 44% invalid specs under --prices
-    100,600,1000 before any GRPO step."""
-    base = base_config(model, where, args.sft_seed, args, teacher, pool)
-    prompt_pool = load_pool(pool).model_dump_json(include={"levels"})
-    marker = where / "sft-pool.json"
+
+def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
+             where: Path, pool_source: str) -> tuple[Path, TrainConfig]:
+    """The SFT-warmed model every arm and seed starts from (reused from `where` if it was trained the same way).
+
+    Why the check: a model SFT-warmed on the shipped prices wrote 44% invalid specs under --prices 100,600,1000
+    before any GRPO step, because its prompts had listed other prices."""
+    base = base_config(model, where, args.sft_seed, args, teacher, pool_source)
+    wanted, marker = sft_marker(pool_source, args), where / "sft-marker.json"
     if (where / "sft-model").exists():
-        known = marker.read_text() if marker.exists() else load_pool("simulated").model_dump_json(include={"levels"})
-        if known != prompt_pool:  # a cache from before the marker was trained on the shipped pool
-            raise SystemExit(f"--sft-cache {where}: its SFT model was trained on another pool (other prices); "
-                             f"give a new folder")
-    else:
+        # a cache from before the marker (2026-12-06) was trained on the shipped pool; its SFT settings unrecorded
+        known = json.loads(marker.read_text()) if marker.exists() else {
+            **wanted, "levels": sft_marker("simulated", args)["levels"]}
+        if known != wanted:
+            raise SystemExit(f"--sft-cache {where}: its SFT model was trained with {known}, this run needs {wanted}; "
+                             "give a new folder")
+    else:  # the marker first: a run that dies after the model is saved must not leave an unmarked cache
+        where.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(wanted))
         train(base, examples=(train_tasks, eval_tasks), scorer=score)  # iterations=0: SFT only
-        marker.write_text(prompt_pool)
     return where / "sft-model", base
 
 
@@ -411,13 +421,21 @@ MERGE_MUST_AGREE = ("steps", "window", "fraction", "tasks_per_step", "group_size
 
 
 def merge(paths: Sequence[Path]) -> None:
-    """Summarise several --json outputs (e.g. one seed per process) as one run."""
+    """Summarise several --json outputs (e.g. one seed per process) as one run.
+
+    Refused: files whose settings differ (a ratio of neither; a file written before an option existed has None for
+    it, so it only merges with files that leave that option unset too), and a seed in two files (training is
+    deterministic per seed, so it would count one run twice and shrink the s.e.)."""
     docs = [json.loads(p.read_text()) for p in paths]
-    for key in MERGE_MUST_AGREE:  # pooling runs of different settings would report a ratio of neither
+    for key in MERGE_MUST_AGREE:
         values = {json.dumps(d["args"].get(key)) for d in docs}
         if len(values) > 1:
             raise SystemExit(f"--merge: the files differ in {key} ({', '.join(sorted(values))}); merge runs of one "
-                             f"setting only")
+                             "setting only")
+    seeds = [d["args"]["first_seed"] + i for d in docs for i in range(d["args"]["seeds"])]
+    if len(set(seeds)) < len(seeds):
+        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+        raise SystemExit(f"--merge: seeds {repeated} are in more than one file; merge runs of different seeds")
     results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     for d in docs:
         for name in results:
@@ -425,6 +443,14 @@ def merge(paths: Sequence[Path]) -> None:
     steps, window = docs[0]["args"]["steps"], docs[0]["args"]["window"]
     print(f"merged {len(paths)} files: r*={docs[0]['r_star']:.3f} steps={steps}")
     summarize(results, steps, window)
+
+
+def parse_prices(text: str) -> list[float]:
+    """--prices S,M,L: three input prices in $ per 1M tokens."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, e.g. 100,600,1000") from None
 
 
 def main() -> None:
@@ -452,7 +478,7 @@ def main() -> None:
                     default="quadratic" if GRPOConfig().cf_weight_by_abs_delta else "linear",
                     help="span term β·|Δ̃|·Δ̃ (quadratic, GRPOConfig.cf_weight_by_abs_delta) or β·Δ̃ (linear)")
     ap.add_argument("--lambda-cost", type=float, default=1.0)
-    ap.add_argument("--prices", type=lambda text: [float(x) for x in text.split(",")], default=None,
+    ap.add_argument("--prices", type=parse_prices, default=None,
                     metavar="S,M,L", help="input $ per 1M tokens of the small, medium and large levels (output twice "
                     "that) instead of the shipped simulated pool's 100,300,1000")
     ap.add_argument("--lr", type=float, default=2e-4,
@@ -482,18 +508,18 @@ def main() -> None:
     results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pool = priced_pool(args.prices, work)
-        rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost), pool=pool)
+        pool_source = priced_pool(args.prices, work)
+        rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost), pool_source=pool_source)
         table = pair_rewards(train_tasks, rewards)
-        r_star = table[OPTIMUM]
+        r_star, second = table[OPTIMUM], runner_up(table)
         target = args.fraction * r_star
         print("expected reward per (solver, checker) pair: "
               + ", ".join(f"{s}/{c} {r:.3f}" for (s, c), r in sorted(table.items(), key=lambda kv: -kv[1])),
               flush=True)
         print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} "
-              f"runner_up={runner_up(table):.3f}r* prices={args.prices or 'shipped'} steps={args.steps} "
+              f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} steps={args.steps} "
               f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
-        if runner_up(table) >= args.fraction:
+        if second >= args.fraction:
             print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "
                   f"optimal pair (see --prices)", flush=True)
         model = build_tiny_chat_model(work / "tiny", seed=0)
@@ -502,7 +528,7 @@ def main() -> None:
                 for t in train_tasks for s in LEVELS for c in LEVELS]
         teacher.write_text("\n".join(rows) + "\n")
         sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft",
-                                   pool)
+                                   pool_source)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             random.seed(seed)
             seeded = base.model_copy(update={"seed": seed, "out": str(work / f"run-{seed}" / "x")})
@@ -518,7 +544,7 @@ def main() -> None:
                       f"optimal_share={statistics.fmean(run['optimal_share'][-args.window:]):.2f} "
                       f"valid={statistics.fmean(run['valid'][-args.window:]):.2f}", flush=True)
     if args.json:
-        doc = {"r_star": r_star, "runner_up": runner_up(table),
+        doc = {"r_star": r_star, "runner_up": second,
                "pair_rewards": {f"{s}/{c}": r for (s, c), r in table.items()},
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": results}
         args.json.write_text(json.dumps(doc, indent=1))

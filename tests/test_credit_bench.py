@@ -3,6 +3,7 @@ rollouts' reward without the simulated pool's draws (E[reward | spec, task]), wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -15,8 +16,10 @@ from types import ModuleType
 import pytest
 import torch
 
+from lemon_core.backends.simulated import register_examples
 from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
+from lemon_core.reward import RewardConfig
 from lemon_core.sft import SFTConfig, sft_train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -62,8 +65,7 @@ def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path, one_thre
 
 def test_expected_reward_drops_the_pool_draws_and_keeps_the_invalid_penalty(tmp_path: Path) -> None:
     credit = _credit()
-    from lemon_core.backends.simulated import register_examples
-    from lemon_core.reward import RewardConfig, RewardTerms
+    from lemon_core.reward import RewardTerms
     from lemon_core.rollout import RolloutRecord, write_records
 
     tasks = credit.make_tasks(2)
@@ -109,8 +111,6 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 def test_both_credit_formulas_honour_scale_rewards() -> None:
     """--credit legacy used to drop --no-scale-rewards (fixed in edd55c2 without a test): both formulas pass it on,
     and each keeps its own floor, cap and drop settings."""
-    import argparse
-
     for scale in (True, False):
         args = argparse.Namespace(credit="legacy", scale_rewards=scale, std_floor=0.05, cf_max_ratio=2.0,
                                   drop_uniform=True, cf_weight="linear")
@@ -122,14 +122,12 @@ def test_both_credit_formulas_honour_scale_rewards() -> None:
             "cf_weight_by_abs_delta": False}
 
 
+
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
     """--prices rewrites the simulated pool's prices (output twice the input): with the shipped ones a non-optimal
     pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;
     with a dearer `medium` (100,600,1000) every other pair stays below it and the optimum is unchanged."""
     credit = _credit()
-    from lemon_core.backends.simulated import register_examples
-    from lemon_core.reward import RewardConfig
-
     assert credit.priced_pool(None, tmp_path) == "simulated"
     path = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
     priced, shipped = load_pool(path), load_pool("simulated")
@@ -139,43 +137,76 @@ def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: 
         lv.model_dump(exclude={"price_in_per_1m", "price_out_per_1m"}) for lv in shipped.levels]
     with pytest.raises(SystemExit, match="3 numbers"):
         credit.priced_pool([100.0, 600.0], tmp_path / "bad")
+    with pytest.raises(argparse.ArgumentTypeError, match="three numbers"):
+        credit.parse_prices("100,six hundred,1000")
 
     tasks = credit.make_tasks(6)
     register_examples(tasks)
     runner_up = {}
     for name, pool in (("shipped", "simulated"), ("priced", path)):
-        table = credit.pair_rewards(tasks, credit.SpecRewards(RewardConfig(lambda_cost=1.0), pool=pool))
+        table = credit.pair_rewards(tasks, credit.SpecRewards(RewardConfig(lambda_cost=1.0), pool_source=pool))
         runner_up[name] = credit.runner_up(table)  # pair_rewards exits unless (large, small) is still the best
     assert runner_up["shipped"] >= 0.9 > runner_up["priced"]
 
 
-def test_merge_refuses_runs_of_different_settings(tmp_path: Path) -> None:
+def _fake_run(steps: int) -> dict:
+    return {"steps_to_target": steps, "raw_steps_to_target": steps, "curve": [0.5], "expected_curve": [0.5],
+            "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1]}
+
+
+def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
     credit = _credit()
-    run = {"grpo": [], "grpo+cf": []}
-    for name, prices in (("a", None), ("b", [100.0, 600.0, 1000.0])):
-        args = {key: 1 for key in credit.MERGE_MUST_AGREE} | {"prices": prices, "first_seed": len(name)}
-        (tmp_path / f"{name}.json").write_text(json.dumps({"r_star": 0.6, "args": args, "results": run}))
+
+    def write(name: str, first_seed: int, **settings: object) -> Path:
+        args = {key: 1 for key in credit.MERGE_MUST_AGREE} | {"prices": None, "seeds": 1, "first_seed": first_seed,
+                                                             "sft_cache": f"/tmp/{name}", "json": name} | settings
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"r_star": 0.6, "args": args,
+                                    "results": {"grpo": [_fake_run(4)], "grpo+cf": [_fake_run(3)]}}))
+        return path
+
+    a, b = write("a", 0), write("b", 1)  # differ only in seeds, SFT cache and output file: one run
+    credit.merge([a, b])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "ratio=0.750"
     with pytest.raises(SystemExit, match="differ in prices"):
-        credit.merge([tmp_path / "a.json", tmp_path / "b.json"])
+        credit.merge([a, write("c", 2, prices=[100.0, 600.0, 1000.0])])
+    with pytest.raises(SystemExit, match=r"seeds \[0\] are in more than one file"):
+        credit.merge([a, write("d", 0)])
 
 
-def test_sft_cache_is_reused_only_with_the_pool_it_was_trained_on(tmp_path: Path) -> None:
+def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The orchestrator's prompt lists the levels' prices, so an SFT model warmed on the shipped pool is out of
-    distribution under --prices (44% invalid specs before any GRPO step): reusing that cache is refused."""
-    import argparse
-
+    distribution under --prices (44% invalid specs before any GRPO step): reusing such a cache is refused, and so
+    is one trained with other SFT steps. The marker is written before training (a run that dies after saving the
+    model leaves a marked cache)."""
     credit = _credit()
+    trained: list[Path] = []
+
+    def fake_sft(cfg: object, **_: object) -> None:  # what train() leaves behind, without the training
+        where = Path(cfg.out)
+        assert (where / "sft-marker.json").exists()
+        (where / "sft-model").mkdir()
+        trained.append(where)
+
+    monkeypatch.setattr(credit, "train", fake_sft)
     args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
                               sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1)
-    cache = tmp_path / "sft"
-    (cache / "sft-model").mkdir(parents=True)  # a cache from before the marker: trained on the shipped pool
     priced = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
-    tasks = credit.make_tasks(2)
-    reuse = lambda pool: credit.sft_once(tmp_path / "m", tmp_path / "t.jsonl", tasks, [], args, cache, pool)  # noqa: E731
-    assert reuse("simulated")[0] == cache / "sft-model"  # same pool: reused, nothing trained
-    with pytest.raises(SystemExit, match="trained on another pool"):
-        reuse(priced)
-    (cache / "sft-pool.json").write_text(load_pool(priced).model_dump_json(include={"levels"}))
-    assert reuse(priced)[0] == cache / "sft-model"
-    with pytest.raises(SystemExit, match="trained on another pool"):
-        reuse("simulated")
+
+    def sft(cache: Path, pool: str, **changes: object) -> Path:
+        run_args = argparse.Namespace(**{**vars(args), **changes})
+        return credit.sft_once(tmp_path / "m", tmp_path / "t.jsonl", credit.make_tasks(2), [], run_args, cache, pool)[0]
+
+    assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1
+    assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1  # reused
+    for pool, changes in (("simulated", {}), (priced, {"sft_steps": 100}), (priced, {"sft_seed": 1})):
+        with pytest.raises(SystemExit, match="give a new folder"):
+            sft(tmp_path / "priced", pool, **changes)
+
+    legacy = tmp_path / "legacy"  # a cache from before the marker: trained on the shipped pool
+    (legacy / "sft-model").mkdir(parents=True)
+    assert sft(legacy, "simulated") == legacy / "sft-model" and len(trained) == 1
+    with pytest.raises(SystemExit, match="give a new folder"):
+        sft(legacy, priced)
