@@ -521,7 +521,7 @@ def main() -> None:
               f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "
-                  f"optimal pair (see --prices)", flush=True)
+                  "optimal pair (see --prices)", flush=True)
         model = build_tiny_chat_model(work / "tiny", seed=0)
         teacher = work / "teacher.jsonl"
         rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(s, c))})
