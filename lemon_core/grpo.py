@@ -395,6 +395,7 @@ class Credit:
 
     advantages: list[Tensor]  # per record, float32 [completion length]
     groups: int  # GRPO groups in the batch
+    constant_groups: int  # groups whose samples all got one reward: Â = 0, only span terms can move them
     dropped_groups: int  # uniform-success groups whose group term was zeroed (drop_uniform_success_groups)
     floored_groups: int  # non-constant groups whose std was below std_floor (their Â were shrunk)
     capped_tokens: int  # span tokens whose term hit the cf_max_ratio cap
@@ -457,6 +458,7 @@ def credit_advantages(
     return Credit(
         advantages=out,
         groups=len(first),
+        constant_groups=sum(bool(constant[i]) for i in first.values()),
         dropped_groups=sum(dropped[i] for i in first.values()),
         floored_groups=sum(bool(low[i]) for i in first.values()) if cfg.scale_rewards else 0,
         capped_tokens=capped,

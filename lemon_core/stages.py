@@ -271,6 +271,8 @@ def update_line(iteration: int, row: Mapping[str, Any]) -> str:
 
     keys = ("reward/mean", "valid_rate", "success_rate", "loss", "kl", "clip_ratio", "grad_norm")
     figures = " ".join(f"{k}={format_figure(row[k])}" for k in keys if k in row)
+    if "credit/groups" in row:  # groups whose samples all got one reward: the group term learns nothing from them
+        figures += f" constant_groups={row['credit/constant_groups']:.0f}/{row['credit/groups']:.0f}"
     return f"update iteration {iteration} done in {format_duration(row['time/update_s'])}: {figures}"
 
 

@@ -134,10 +134,12 @@ def grpo_update(
     metrics["grad_norm"] = grad_norm / epochs
     metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
     metrics["lr"] = scheduler.get_last_lr()[0]
-    counts = {"credit/groups": 0.0, "credit/dropped_groups": 0.0, "credit/floored_groups": 0.0,
-              "credit/capped_tokens": 0.0, "truncated_masked": float(sum(not k for k in keep))}
+    counts = {"credit/groups": 0.0, "credit/constant_groups": 0.0, "credit/dropped_groups": 0.0,
+              "credit/floored_groups": 0.0, "credit/capped_tokens": 0.0,
+              "truncated_masked": float(sum(not k for k in keep))}
     if credit is not None:
-        counts.update({"credit/groups": credit.groups, "credit/dropped_groups": credit.dropped_groups,
+        counts.update({"credit/groups": credit.groups, "credit/constant_groups": credit.constant_groups,
+                       "credit/dropped_groups": credit.dropped_groups,
                        "credit/floored_groups": credit.floored_groups, "credit/capped_tokens": credit.capped_tokens})
     metrics.update(sum_over_ranks(counts))  # whole groups live on one rank (shard_by_group): sums are exact
     return metrics

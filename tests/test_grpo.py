@@ -270,6 +270,7 @@ def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None
     # ρ · max(|Â|, a_min) = 2 · 0.5 = 1, so a price contrast stays below a right-vs-wrong one (capped at 2|Â|)
     assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.8, 0.05], abs=1e-5)
     assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 0)
+    assert credit.constant_groups == 0  # price-only differences are still differences
     assert credit.scaled_delta_abs == {"capacity_downgrade": pytest.approx(0.2, abs=1e-5)}
     # the quadratic weight at β = 1 (the default before 2026-12-05) makes it -0.04
     quadratic = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits,
@@ -580,3 +581,19 @@ def test_sequence_logprobs_match_manual_loop(kind: str) -> None:
         assert not torch.allclose(hot, got)
     with pytest.raises(ValueError, match="completion_start"):
         sequence_logprobs(model, ids, attn, completion_start=0)
+
+
+def test_constant_groups_are_counted_and_get_no_group_advantage() -> None:
+    """A group whose samples all got one reward (e.g. six copies of one spec with the pool's greedy answers) gives
+    the group term nothing: Â = 0 on every row, and credit.constant_groups counts it, as TRL's
+    frac_reward_zero_std does, so a run's log says why its loss is 0. Span terms still move such a group."""
+    rewards = [0.7] * 3 + [1.0, 0.0, 1.0] + [0.2] * 3
+    ids = ["copies"] * 3 + ["spread"] * 3 + ["copies-too"] * 3
+    mask = torch.tensor([True, False])
+    edits = [[(mask, -0.3, "capacity_downgrade")]] + [[] for _ in range(8)]
+    credit = credit_advantages(rewards, ids, [1.0] * 3 + [1.0, 0.0, 1.0] + [0.0] * 3, [2] * 9, edits, GRPOConfig())
+    assert (credit.groups, credit.constant_groups) == (3, 2)
+    group_term = [float(a[1]) for a in credit.advantages]  # token 1: outside the edited span
+    assert group_term[:3] == [0.0] * 3 and group_term[6:] == [0.0] * 3
+    assert all(abs(a) > 0.5 for a in group_term[3:6])
+    assert float(credit.advantages[0][0]) < 0  # the span term still reaches a constant group's edited tokens

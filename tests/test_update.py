@@ -75,3 +75,27 @@ def test_an_update_reports_each_micro_batch_and_the_stage_prints_one_line(
     line = update_line(2, {**metrics, "reward/mean": 0.4, "valid_rate": 1.0, "time/update_s": 75.0})
     assert line.startswith("update iteration 2 done in 1m15s: reward/mean=0.4 valid_rate=1 loss=")
     assert "kl=" in line and "grad_norm=" in line
+    # rewards 0, 1, 0, 1, 0 in one group: it has spread, so no constant group
+    assert (metrics["credit/groups"], metrics["credit/constant_groups"]) == (1, 0)
+    assert line.endswith(" constant_groups=0/1")
+
+
+def test_an_update_counts_the_groups_whose_samples_all_got_one_reward(tiny_policy: OrchestratorPolicy) -> None:
+    """Six copies of one spec score alike, so the group term has nothing to learn: the update's metrics and the
+    stage's line say so (make run's first update printed loss=0 with no reason given)."""
+    from lemon_core.stages import update_line
+
+    copies = [_record(tiny_policy, 0.5, truncated=False, sample=i) for i in range(3)]
+    spread = [_record(tiny_policy, float(i % 2), truncated=False, sample=i) for i in range(3)]
+    for r in spread:
+        r.task_id = "u"
+    cfg = TrainConfig(grpo={"kl_coef": 0.0})
+    params = [p for p in tiny_policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    metrics = grpo_update(tiny_policy, None, copies + spread, opt, sched, cfg)
+    assert (metrics["credit/groups"], metrics["credit/constant_groups"]) == (2, 1)
+    only_copies = grpo_update(tiny_policy, None, copies, opt, sched, cfg)
+    assert (only_copies["credit/constant_groups"], only_copies["loss"]) == (1, 0.0)
+    line = update_line(1, {**only_copies, "reward/mean": 0.5, "valid_rate": 1.0, "time/update_s": 3.0})
+    assert line.endswith(" constant_groups=1/1")
