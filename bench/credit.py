@@ -413,11 +413,9 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
     return m, se, sum(d > 0 for d in diffs)
 
 
-# Every setting that changes what a run measures (all but the seeds, the SFT cache and the output file).
-MERGE_MUST_AGREE = ("steps", "window", "fraction", "tasks_per_step", "group_size", "edits", "families", "credit",
-                    "std_floor", "cf_max_ratio", "scale_rewards", "drop_uniform", "cf_coef", "cf_weight",
-                    "lambda_cost", "prices", "lr", "kl", "epochs", "sft_steps", "sft_seed", "max_new_tokens",
-                    "grammar", "temperature")
+# The options that may differ between the files of one merged run (which seeds, where the SFT cache and the output
+# went); every other option changes what a run measures, so the files must agree on it, options added later too.
+MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge"})
 
 
 def merge(paths: Sequence[Path]) -> None:
@@ -427,7 +425,7 @@ def merge(paths: Sequence[Path]) -> None:
     it, so it only merges with files that leave that option unset too), and a seed in two files (training is
     deterministic per seed, so it would count one run twice and shrink the s.e.)."""
     docs = [json.loads(p.read_text()) for p in paths]
-    for key in MERGE_MUST_AGREE:
+    for key in sorted(set().union(*(d["args"] for d in docs)) - MERGE_MAY_DIFFER):
         values = {json.dumps(d["args"].get(key)) for d in docs}
         if len(values) > 1:
             raise SystemExit(f"--merge: the files differ in {key} ({', '.join(sorted(values))}); merge runs of one "

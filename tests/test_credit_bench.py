@@ -122,7 +122,6 @@ def test_both_credit_formulas_honour_scale_rewards() -> None:
             "cf_weight_by_abs_delta": False}
 
 
-
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
     """--prices rewrites the simulated pool's prices (output twice the input): with the shipped ones a non-optimal
     pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;
@@ -159,8 +158,8 @@ def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Pa
     credit = _credit()
 
     def write(name: str, first_seed: int, **settings: object) -> Path:
-        args = {key: 1 for key in credit.MERGE_MUST_AGREE} | {"prices": None, "seeds": 1, "first_seed": first_seed,
-                                                             "sft_cache": f"/tmp/{name}", "json": name} | settings
+        args = {"steps": 1, "window": 1, "lr": 2e-4, "prices": None, "seeds": 1, "first_seed": first_seed,
+                "sft_cache": f"/tmp/{name}", "json": name} | settings
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"r_star": 0.6, "args": args,
                                     "results": {"grpo": [_fake_run(4)], "grpo+cf": [_fake_run(3)]}}))
@@ -173,6 +172,8 @@ def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Pa
         credit.merge([a, write("c", 2, prices=[100.0, 600.0, 1000.0])])
     with pytest.raises(SystemExit, match=r"seeds \[0\] are in more than one file"):
         credit.merge([a, write("d", 0)])
+    with pytest.raises(SystemExit, match="differ in a_later_option"):  # no list of options to keep up to date
+        credit.merge([a, write("e", 3, a_later_option=True)])
 
 
 def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_with(
