@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 from bench_modules import load_bench  # tests/ is on sys.path
+from tiny_models import build_tiny_chat_model
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.sh"
@@ -71,8 +72,6 @@ def test_a_failing_or_hanging_check_is_one_fail_line(capsys: pytest.CaptureFixtu
 
 def test_sampler_parity_fails_on_a_real_token_difference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A device that samples different tokens (not at a near-tie) is a FAIL, not a silent pass."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import build_tiny_chat_model
 
     gc = _gpu_check()
     ctx = gc.Context("cpu", gc.SIZES["cpu"], build_tiny_chat_model(tmp_path / "tiny", seed=0))
@@ -107,8 +106,6 @@ def _engines() -> ModuleType:
 def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
     """--quick on a tiny model: every prompt gets exactly 32 tokens (end-of-turn suppressed, so engines do the
     same work), one row per batch size with its figures, a missing vLLM is skipped, and the ratio line ends it."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import build_tiny_chat_model
 
     model = build_tiny_chat_model(tmp_path / "tiny", seed=0)
     out = tmp_path / "engines.json"
@@ -159,8 +156,6 @@ def test_rounds_report_each_figures_median_and_the_largest_peak() -> None:
 @pytest.mark.slow
 def test_engine_bench_rounds_on_a_tiny_model(tmp_path: Path) -> None:
     """--rounds 2: every engine runs once per round, in turn; the medians and each round's ratio are printed."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import build_tiny_chat_model
 
     model = build_tiny_chat_model(tmp_path / "tiny", seed=0)
     out = tmp_path / "engines.json"
