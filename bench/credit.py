@@ -148,7 +148,7 @@ from tiny_models import build_tiny_chat_model  # noqa: E402
 
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
-from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES  # noqa: E402
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, SWAP_FAMILIES  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
 from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
@@ -163,6 +163,7 @@ LEVELS = ("small", "medium", "large")
 OPTIMUM = ("large", "small")  # (solver, checker): tests/test_simulated_pool.py checks it is the best pair
 PAIRS = [(solver, checker) for solver in LEVELS for checker in LEVELS]
 FAMILY = "solve_check"
+FAMILY_SETS = {"paper": PAPER_FAMILIES, "all": ALL_FAMILIES, "swap": SWAP_FAMILIES}  # --families
 
 
 def solve_check_spec(solver: str, checker: str) -> OrchestrationSpec:
@@ -215,23 +216,27 @@ def pair_rewards(tasks: Sequence[Example], rewards: SpecRewards) -> dict[tuple[s
     return table
 
 
-def priced_pool(prices: Sequence[float] | None, where: Path) -> str:
-    """The pool the bench runs on: the built-in simulated pool, or (``--prices``) a copy of it whose levels cost
-    ``prices`` (input $ per 1M tokens of small, medium, large; output twice that), written under ``where``.
+def bench_pool(prices: Sequence[float] | None, coupled_draws: bool, where: Path) -> str:
+    """The pool the bench runs on: the built-in simulated pool, or a copy of it written under ``where`` whose levels
+    cost ``prices`` (--prices: input $ per 1M tokens of small, medium, large; output twice that) and/or draw with
+    ``coupled_draws`` (--coupled-draws, lemon_core/backends/simulated.py).
 
     Why a price option: with the shipped prices (large, medium) earns only 0.033 less than (large, small), 0.95 r*
     (the `medium` checker costs 0.050 more and repairs a little more often), so the steps to 90% of r* never needed
-    the checker's capacity to be right."""
-    if prices is None:
+    the checker's capacity to be right. Why coupled draws: see the module docstring (the noise of a re-execution)."""
+    if prices is None and not coupled_draws:
         return "simulated"
     pool = load_pool("simulated")
-    if len(prices) != len(pool.levels):
+    if prices is not None and len(prices) != len(pool.levels):
         raise SystemExit(f"--prices needs {len(pool.levels)} numbers (small,medium,large), got {len(prices)}")
     data = pool.model_dump(mode="json")
-    for level, price in zip(data["levels"], prices, strict=True):
-        level["price_in_per_1m"], level["price_out_per_1m"] = price, 2 * price
+    for i, level in enumerate(data["levels"]):
+        if prices is not None:
+            level["price_in_per_1m"], level["price_out_per_1m"] = prices[i], 2 * prices[i]
+        if coupled_draws:
+            level["options"]["coupled_draws"] = True
     where.mkdir(parents=True, exist_ok=True)
-    path = where / "pool-simulated-priced.yaml"
+    path = where / "pool-simulated-bench.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)
 
@@ -300,7 +305,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
-    families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
+    families = FAMILY_SETS[args.families]
     cfg = base.model_copy(update={
         "model": str(sft_model),
         "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
@@ -461,8 +466,9 @@ def main() -> None:
     ap.add_argument("--tasks-per-step", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=6)
     ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
-    ap.add_argument("--families", choices=["paper", "all"], default="paper",
-                    help="edit families: the paper's three, or all (adds capacity_upgrade)")
+    ap.add_argument("--families", choices=list(FAMILY_SETS), default="paper",
+                    help="edit families: the paper's three; all (adds capacity_upgrade); swap (capacity_swap in place "
+                         "of capacity_downgrade: each capacity pick re-executes the agent at every other level)")
     ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
                     help="calibrated: the std floor, cap and drop settings below; legacy: the paper's formula")
     ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)
@@ -479,6 +485,9 @@ def main() -> None:
     ap.add_argument("--prices", type=parse_prices, default=None,
                     metavar="S,M,L", help="input $ per 1M tokens of the small, medium and large levels (output twice "
                     "that) instead of the shipped simulated pool's 100,300,1000")
+    ap.add_argument("--coupled-draws", action="store_true",
+                    help="the simulated pool's coupled_draws: an agent keeps its random draw across a re-execution "
+                         "(common random numbers), so an edit's contrast is its effect alone, not a fresh draw")
     ap.add_argument("--lr", type=float, default=2e-4,
                     help="policy learning rate; at 5e-4 the policy starts writing broken specs after ~10 steps")
     ap.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
@@ -506,7 +515,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pool_source = priced_pool(args.prices, work)
+        pool_source = bench_pool(args.prices, args.coupled_draws, work)
         rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost), pool_source=pool_source)
         table = pair_rewards(train_tasks, rewards)
         r_star, second = table[OPTIMUM], runner_up(table)
@@ -515,7 +524,8 @@ def main() -> None:
               + ", ".join(f"{s}/{c} {r:.3f}" for (s, c), r in sorted(table.items(), key=lambda kv: -kv[1])),
               flush=True)
         print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} "
-              f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} steps={args.steps} "
+              f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
+              f"steps={args.steps} "
               f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "

@@ -127,15 +127,15 @@ def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: 
     pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;
     with a dearer `medium` (100,600,1000) every other pair stays below it and the optimum is unchanged."""
     credit = _credit()
-    assert credit.priced_pool(None, tmp_path) == "simulated"
-    path = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
+    assert credit.bench_pool(None, False, tmp_path) == "simulated"
+    path = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
     priced, shipped = load_pool(path), load_pool("simulated")
     assert [(lv.price_in_per_1m, lv.price_out_per_1m) for lv in priced.levels] == [
         (100.0, 200.0), (600.0, 1200.0), (1000.0, 2000.0)]
     assert [lv.model_dump(exclude={"price_in_per_1m", "price_out_per_1m"}) for lv in priced.levels] == [
         lv.model_dump(exclude={"price_in_per_1m", "price_out_per_1m"}) for lv in shipped.levels]
     with pytest.raises(SystemExit, match="3 numbers"):
-        credit.priced_pool([100.0, 600.0], tmp_path / "bad")
+        credit.bench_pool([100.0, 600.0], False, tmp_path / "bad")
     with pytest.raises(argparse.ArgumentTypeError, match="three numbers"):
         credit.parse_prices("100,six hundred,1000")
 
@@ -146,6 +146,21 @@ def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: 
         table = credit.pair_rewards(tasks, credit.SpecRewards(RewardConfig(lambda_cost=1.0), pool_source=pool))
         runner_up[name] = credit.runner_up(table)  # pair_rewards exits unless (large, small) is still the best
     assert runner_up["shipped"] >= 0.9 > runner_up["priced"]
+
+
+def test_coupled_draws_reach_every_level_of_the_bench_pool_and_change_nothing_else(tmp_path: Path) -> None:
+    """--coupled-draws gives every level's backend coupled_draws (alone or with --prices); prices, accuracies and
+    the other options stay the shipped ones."""
+    credit = _credit()
+    for prices in (None, [100.0, 600.0, 1000.0]):
+        pool = load_pool(credit.bench_pool(prices, True, tmp_path / str(prices)))
+        assert all(pool.backend(lv.name).coupled_draws for lv in pool.levels)
+        plain = load_pool(credit.bench_pool(prices, False, tmp_path / f"plain-{prices}"))
+        assert not any(plain.backend(lv.name).coupled_draws for lv in plain.levels)
+        assert [lv.model_dump(exclude={"options"}) for lv in pool.levels] == [
+            lv.model_dump(exclude={"options"}) for lv in plain.levels]
+        assert [{k: v for k, v in lv.options.items() if k != "coupled_draws"} for lv in pool.levels] == [
+            lv.options for lv in plain.levels]
 
 
 def _fake_run(steps: int) -> dict:
@@ -194,7 +209,7 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
     monkeypatch.setattr(credit, "train", fake_sft)
     args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
                               sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1)
-    priced = credit.priced_pool([100.0, 600.0, 1000.0], tmp_path / "pool")
+    priced = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
 
     def sft(cache: Path, pool: str, **changes: object) -> Path:
         run_args = argparse.Namespace(**{**vars(args), **changes})

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from lemon_core.backends.base import GenerationRequest
 from lemon_core.backends.simulated import SimulatedBackend, register_examples
 from lemon_core.baselines import chain, cot
 from lemon_core.benchmarks import Example, get
 from lemon_core.executor import execute_specs
 from lemon_core.pool import load_pool
 from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.roles import BASE_ROLES
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 LEVELS = ("small", "medium", "large")
@@ -105,3 +107,34 @@ def test_the_simulated_pool_reads_the_task_and_parents_out_of_every_agent_prompt
                              answer_format="End with 'The answer is N'.", is_output=is_output)
     assert _TASK_RE.search(user).group(1) == "Ann has 2 cats. How many?"  # type: ignore[union-attr]
     assert _PARENT_RE.findall(user) == [("a1", "The answer is 2."), ("a2", "It is 3.")]
+
+
+def _call(backend: SimulatedBackend, duty: str, seed: int, question: str) -> bool:
+    """One agent call as the executor makes it (role and duty in the system message, the task in the user one)."""
+    system, user = f"You are the Solver.\nYour duty: {duty}", f"Task:\n{question}\n\nNow do your duty"
+    request = GenerationRequest.chat(system, user, seed=seed)
+    (completion,) = backend.generate([request])
+    return completion.text.endswith(" 7.")
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+def test_coupled_draws_keep_an_agents_luck_across_levels_and_duties(coupled: bool) -> None:
+    question = "Coupled draws: what is 3 + 4?"
+    register_examples([Example(id="cd", benchmark="gsm8k", question=question, answer="7",
+                               answer_format="Answer with a number.")])
+    small, large = (SimulatedBackend(level, {"gsm8k": acc}, duty_bonus=0.05, coupled_draws=coupled)
+                    for level, acc in (("small", 0.2), ("large", 0.85)))
+    seeds = range(400)
+    right_small = [_call(small, "Solve it.", s, question) for s in seeds]
+    right_large = [_call(large, "Solve it.", s, question) for s in seeds]
+    default_duty = [_call(large, BASE_ROLES["solver"], s, question) for s in seeds]
+    # either way each level keeps its chance of being right (0.2 + 0.05 and 0.85 + 0.05 with a customised duty)
+    assert sum(right_small) / 400 == pytest.approx(0.25, abs=0.06)
+    assert sum(right_large) / 400 == pytest.approx(0.90, abs=0.05)
+    small_only = sum(s and not lg for s, lg in zip(right_small, right_large, strict=True))
+    duty_flips = sum(a != b for a, b in zip(right_large, default_duty, strict=True))
+    if coupled:  # one number per slot: a larger level is right wherever a smaller one is, and a duty edit flips
+        assert small_only == 0  # only the calls whose number falls in the 0.05 bonus band
+        assert 0 < duty_flips <= 40 and all(a or not b for a, b in zip(right_large, default_duty, strict=True))
+    else:  # every request draws anew: an edit re-rolls the outcome
+        assert small_only > 0 and duty_flips > 50  # expected 10 and 88 of 400 (independent draws)

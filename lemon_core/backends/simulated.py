@@ -11,6 +11,14 @@ How an agent call is answered:
   ``parent_boost`` x (fraction of parents whose output was correct) and by ``duty_bonus`` when the
   duty is customised (differs from the base role's default). The draw is a hash of (seed, request),
   so it is reproducible and identical on re-execution.
+- ``coupled_draws: true`` (an option of every level, off by default) keys the draw on (seed, the request's
+  sampling seed, the task) instead: one agent slot of one execution (the executor's ``agent_seed``) keeps
+  its number whatever its level, duty or inputs, and is right when that number is below its ``p``. A
+  counterfactual re-execution then changes the outcome only where the edit changes ``p`` across the drawn
+  number (common random numbers), as if the agent kept its luck; with the default, any edit redraws the
+  edited agent, so a one-field contrast carries the full noise of a right/wrong outcome. The two are the
+  ends between which a real agent lies (a greedy model's answer may flip on any change of its prompt).
+  Each level's marginal chance of being right is the same either way.
 - Solve-and-check families (a benchmark listed in a level's ``repair_accuracy``): an agent that reads
   parents does not solve from scratch. It keeps a correct parent answer and, where its parents are
   wrong, fixes the answer with probability ``repair_accuracy[benchmark]`` of its level:
@@ -76,7 +84,7 @@ class SimulatedBackend:
     def __init__(
         self, level: str, accuracy: Mapping[str, float], completion_tokens: int = 64,
         parent_boost: float = 0.3, duty_bonus: float = 0.05, seed: int = 0, default_accuracy: float = 0.5,
-        repair_accuracy: Mapping[str, float] | None = None,
+        repair_accuracy: Mapping[str, float] | None = None, coupled_draws: bool = False,
     ) -> None:
         self.level = level
         self.accuracy = dict(accuracy)
@@ -86,6 +94,7 @@ class SimulatedBackend:
         self.seed = seed
         self.default_accuracy = default_accuracy
         self.repair_accuracy = dict(repair_accuracy or {})
+        self.coupled_draws = coupled_draws
         for name, value in {**self.accuracy, **self.repair_accuracy}.items():
             if not 0 <= value <= 1:
                 raise ValueError(
@@ -110,7 +119,9 @@ class SimulatedBackend:
         p = self._probability_right(benchmark, gold, _PARENT_RE.findall(user + "\n\nNow do"))
         if self._duty_is_customised(system):
             p = min(1.0, p + self.duty_bonus)
-        correct = _uniform(self.seed, self.level, request) < p
+        # module docstring: coupled draws give one agent slot one number across levels, duties and inputs
+        draw = (request.seed, found.group(1).strip()) if self.coupled_draws else (self.level, request)
+        correct = _uniform(self.seed, *draw) < p
         text = f"The answer is {gold if correct else _wrong_answer(gold)}."
         return Completion(text, prompt_tokens, self.completion_tokens, 0.001)
 
