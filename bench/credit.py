@@ -119,6 +119,48 @@ edits from `medium` down to `small` now carry a 2.9x larger reward contrast (0.0
 the metric from one that plain GRPO met on 7 of 16 seeds without the optimal pair into one neither arm meets in 40
 steps; NOT reached either way, and the bench keeps the shipped prices by default.
 
+Why the span term cost reward there, and the cap that fixed it (2026-12-06, second session). Seeds 0-15, 40 steps,
+lr 2e-4. Plain GRPO samples no edits and is deterministic per seed (its runs reproduced to the digit), so most rows
+ran the cf arm alone, paired with the GRPO runs above; "cf - grpo" is paired, last 5 steps, mean ± s.e. (seeds cf
+ahead):
+
+    family   cf arm                                      valid cf/grpo  optimal share cf-grpo  expected reward cf-grpo
+    priced   cf_max_ratio 2 (the former default; above)  0.95 / 0.99    +0.062 ± 0.028 (11)    -0.074 ± 0.027 (4)
+    priced   capacity_downgrade edits only               0.92 / 0.99    +0.086 ± 0.036 (13)    -0.125 ± 0.033 (1)
+    priced   --coupled-draws (both arms re-run)          0.98 / 0.99    +0.030 ± 0.028 (8)     -0.030 ± 0.015 (4)
+    priced   capacity_swap, seeds 0-3, 8-11 (a16bbd5)    0.95 / 0.99    -0.099 ± 0.047 (1/8)   -0.088 ± 0.050 (1/8)
+    priced   capacity_swap, cf_max_ratio 0.5 (a16bbd5)   0.97 / 0.99    -0.077 ± 0.019 (1)     -0.042 ± 0.020 (7)
+    priced   cf_max_ratio 0.5 (the default since)        0.99 / 0.99    +0.055 ± 0.030 (12)    -0.010 ± 0.008 (5)
+    priced   cf_max_ratio 1                              0.97 / 0.99    +0.084 ± 0.029 (13)    -0.041 ± 0.018 (5)
+    shipped  cf_max_ratio 2 (the former default; above)  1.00 / 1.00    +0.133 ± 0.050 (13)    +0.003 ± 0.012 (9)
+    shipped  cf_max_ratio 0.25                           1.00 / 1.00    +0.157 ± 0.031 (15)    +0.022 ± 0.009 (12)
+    shipped  cf_max_ratio 0.5 (the default since)        1.00 / 1.00    +0.271 ± 0.045 (16)    +0.030 ± 0.012 (12)
+    shipped  cf_max_ratio 1                              0.99 / 1.00    +0.294 ± 0.059 (14)    +0.013 ± 0.019 (11)
+
+- What broke. The cf arm's invalid specs are cut off at --max-new-tokens: the checker's role and duty text turns to
+  garbage (`role: auty:e:oue:e_role_role:fu verifier`, `duty: Chedium`) until the budget ends (seed 6: 20 of 480
+  samples, all truncated at 200 tokens, against 9 in plain GRPO). The capacity span terms do it themselves: with
+  capacity edits only, validity fell further (0.92). So it is not the duty_rollback contrasts, though those are
+  noise of ±1.1 from a fresh pool draw on free text.
+- Not the re-execution's noise. With coupled draws (`--coupled-draws`: an edited agent keeps its random number,
+  so a contrast is the edit's effect alone) both arms learned less: plain GRPO's expected reward fell from 0.382 to
+  0.322. A shared number makes a whole group right or wrong together, so its specs differ in price only. The span
+  term still did not pay.
+- Not the one-sided contrast either. A downgrade compares a choice with the level below it only. So a `medium`
+  solver that beats `small` is pushed up almost as hard (+0.158) as a `large` one that beats `medium` (+0.238).
+  `capacity_swap` re-executed the agent at every other level in one pick and summed the contrasts, a centred
+  advantage. It steered less than the paper's downgrades, at both caps (cf ahead on 1 of 16 seeds at 0.5). So it was
+  removed (the commit after a16bbd5).
+- What worked. A tighter cap on the span term, ρ = `GRPOConfig.cf_max_ratio` (|span term| <= ρ · max(|Â|, 0.5)).
+  At 0.5 validity equals plain GRPO's on both families. On the shipped family the span term steers twice as far:
+  the share at the optimal pair is 0.58 against 0.30 (cf ahead on all 16 seeds), and the expected reward is +0.030 ±
+  0.012 (12/16). The steps to 90% of r* are 32.0 against 33.8 (6 and 9 of 16 censored), so the ratio is 0.946:
+  issue #10's <= 0.75 is still NOT reached. On the priced family both arms stay far below the target in 40 steps.
+  At ρ = 1 the shipped family's steps ratio was 0.906 (30.6 steps, 7 censored), within the noise of 0.946 (the
+  steps' s.e. is ~2.3 per arm), but validity fell on both families (0.986, 0.970) and the priced family's reward
+  with it (-0.041 ± 0.018). So the GRPO config defaults to 0.5 since: the one value tried that keeps validity on both
+  families, with the best reward on both.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
@@ -148,7 +190,7 @@ from tiny_models import build_tiny_chat_model  # noqa: E402
 
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
-from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, SWAP_FAMILIES  # noqa: E402
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
 from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
@@ -163,7 +205,6 @@ LEVELS = ("small", "medium", "large")
 OPTIMUM = ("large", "small")  # (solver, checker): tests/test_simulated_pool.py checks it is the best pair
 PAIRS = [(solver, checker) for solver in LEVELS for checker in LEVELS]
 FAMILY = "solve_check"
-FAMILY_SETS = {"paper": PAPER_FAMILIES, "all": ALL_FAMILIES, "swap": SWAP_FAMILIES}  # --families
 
 
 def solve_check_spec(solver: str, checker: str) -> OrchestrationSpec:
@@ -305,7 +346,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
-    families = FAMILY_SETS[args.families]
+    families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
     cfg = base.model_copy(update={
         "model": str(sft_model),
         "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
@@ -466,9 +507,8 @@ def main() -> None:
     ap.add_argument("--tasks-per-step", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=6)
     ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
-    ap.add_argument("--families", choices=list(FAMILY_SETS), default="paper",
-                    help="edit families: the paper's three; all (adds capacity_upgrade); swap (capacity_swap in place "
-                         "of capacity_downgrade: each capacity pick re-executes the agent at every other level)")
+    ap.add_argument("--families", choices=["paper", "all"], default="paper",
+                    help="edit families: the paper's three, or all (adds capacity_upgrade)")
     ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
                     help="calibrated: the std floor, cap and drop settings below; legacy: the paper's formula")
     ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)
@@ -525,8 +565,8 @@ def main() -> None:
               flush=True)
         print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
-              f"steps={args.steps} "
-              f"seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}", flush=True)
+              f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}",
+              flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "
                   "optimal pair (see --prices)", flush=True)

@@ -10,7 +10,7 @@ Families:
 - ``duty_rollback``: replace a customised duty by its base role's default duty (span: the duty).
 - ``capacity_downgrade``: move one agent one capacity level down (span: the capacity value).
 
-and two families beyond the paper's three, off unless asked for (``families=ALL_FAMILIES`` adds the first):
+and one family beyond the paper's three, off unless asked for (``families=ALL_FAMILIES``):
 
 - ``capacity_upgrade``: move one agent one capacity level up (span: the capacity value). Without it a
   ``small`` agent is never probed - downgrades only point cheaper - so a policy that collapsed to
@@ -21,16 +21,6 @@ and two families beyond the paper's three, off unless asked for (``families=ALL_
   seed - noise); on 2026-12-05, seeds 0-3 at 20 steps gave steps-to-target ratios of 0.913 with it (K=2)
   and 1.043 (K=4) against GRPO, where the paper's three give 0.988 over 16 seeds: no gain beyond noise.
   Turn it on (``families=ALL_FAMILIES``) where a collapse to the cheapest level is a risk.
-- ``capacity_swap``: move one agent to EVERY other level, all of them sampled together as one pick (span:
-  the capacity value). Their contrasts sum on that span to (n - 1) * (r(c) - mean of r(c') over the other
-  levels c'), a centred advantage of the level the policy chose. Why: with downgrades alone a choice is
-  compared with the level below it only, so a `medium` solver that beats `small` is pushed up almost as
-  hard as a `large` one that beats `medium` (on bench/credit.py's priced family: +0.158 against +0.238,
-  where the levels' rewards differ by 0.238 between `large` and `medium`); what moves a softmax choice in
-  expectation is the DIFFERENCE between the choices' advantages, and only the centred one keeps those
-  differences equal to the differences in reward (times n / (n - 1)). It replaces the capacity pair
-  (refused together with ``capacity_downgrade`` or ``capacity_upgrade``, which probe the same specs), and
-  it costs n - 1 executions per pick instead of one.
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
@@ -54,14 +44,12 @@ class EditFamily(StrEnum):
     duty_rollback = "duty_rollback"
     capacity_downgrade = "capacity_downgrade"
     capacity_upgrade = "capacity_upgrade"
-    capacity_swap = "capacity_swap"
 
 
 PAPER_FAMILIES: tuple[EditFamily, ...] = (
     EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_downgrade,
 )
-ALL_FAMILIES: tuple[EditFamily, ...] = PAPER_FAMILIES + (EditFamily.capacity_upgrade,)
-SWAP_FAMILIES: tuple[EditFamily, ...] = (EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_swap)
+ALL_FAMILIES: tuple[EditFamily, ...] = tuple(EditFamily)
 DEFAULT_FAMILIES = PAPER_FAMILIES
 
 
@@ -96,10 +84,6 @@ def parse_families(names: Collection[str | EditFamily]) -> tuple[EditFamily, ...
         raise ValueError(f"edit families {list(names)!r}: {e}; use some of {[f.value for f in EditFamily]}") from e
     if not families:
         raise ValueError(f"edit families is empty; use some of {[f.value for f in EditFamily]} (or edits_per_spec: 0)")
-    stepwise = {EditFamily.capacity_downgrade, EditFamily.capacity_upgrade} & set(families)
-    if EditFamily.capacity_swap in families and stepwise:
-        raise ValueError(f"edit families {[f.value for f in families]}: capacity_swap already moves each agent to "
-                         f"every other level; drop {sorted(f.value for f in stepwise)}")
     return families
 
 
@@ -142,13 +126,6 @@ def _all_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[CounterfactualEdi
                 _replace_agent(spec, agent.id, capacity=higher),
                 f"{agent.id}: capacity {agent.capacity} -> {higher}",
             ))
-        for other in pool.level_names:
-            if other != pool.level(agent.capacity).name:
-                edits.append(CounterfactualEdit(
-                    EditFamily.capacity_swap, agent.id, spans[(agent.id, "capacity")],
-                    _replace_agent(spec, agent.id, capacity=other),
-                    f"{agent.id}: capacity {agent.capacity} -> {other} (swap)",
-                ))
     return edits
 
 
@@ -186,26 +163,18 @@ class EditFamilySampler:
         self.mean_abs_delta[family] = self.decay * old + (1 - self.decay) * abs(delta)
 
     def sample(self, edits: Sequence[CounterfactualEdit], k: int, rng: random.Random) -> list[CounterfactualEdit]:
-        """Up to ``k`` picks of distinct edits of this sampler's families: pick a family by probability, then
-        an edit of it uniformly. Edits of other families are ignored. A ``capacity_swap`` pick takes that
-        agent's swaps to every other level at once (one pick, n - 1 edits), so their contrasts sum to the
-        centred advantage (module docstring)."""
+        """Up to ``k`` distinct edits of this sampler's families: pick a family by probability, then an
+        edit of it uniformly. Edits of other families are ignored."""
         by_family: dict[EditFamily, list[CounterfactualEdit]] = {}
         for e in edits:
             if e.family in self.families:
                 by_family.setdefault(e.family, []).append(e)
         chosen: list[CounterfactualEdit] = []
-        picks = 0
-        while picks < k and by_family:
+        while len(chosen) < k and by_family:
             probs = self.probabilities(list(by_family))
             family = rng.choices(list(probs), weights=list(probs.values()))[0]
             pool = by_family[family]
-            edit = pool.pop(rng.randrange(len(pool)))
-            chosen.append(edit)
-            if family is EditFamily.capacity_swap:  # the same agent's other levels come along
-                chosen += [e for e in pool if e.agent_id == edit.agent_id]
-                pool[:] = [e for e in pool if e.agent_id != edit.agent_id]
+            chosen.append(pool.pop(rng.randrange(len(pool))))
             if not pool:
                 del by_family[family]
-            picks += 1
         return chosen

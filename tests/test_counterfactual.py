@@ -11,7 +11,6 @@ from lemon_core.benchmarks import Example
 from lemon_core.counterfactual import (
     ALL_FAMILIES,
     PAPER_FAMILIES,
-    SWAP_FAMILIES,
     EditFamily,
     EditFamilySampler,
     counterfactual_edits,
@@ -158,32 +157,3 @@ def test_sampler_samples_only_its_families() -> None:
         EditFamilySampler(families=["capacity_upgrad"])
     with pytest.raises(ValueError, match="empty"):
         counterfactual_edits(parsed, POOL, [])
-
-
-def test_capacity_swap_moves_one_agent_to_every_other_level_in_one_pick() -> None:
-    parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
-    swaps = [e for e in counterfactual_edits(parsed, POOL, SWAP_FAMILIES) if e.family is EditFamily.capacity_swap]
-    levels = set(POOL.level_names)
-    for agent in SPEC.agents:  # each agent: one edit per other level, on its capacity span, nothing else changed
-        mine = [e for e in swaps if e.agent_id == agent.id]
-        assert {e.spec.agent(agent.id).capacity for e in mine} == levels - {agent.capacity}
-        for e in mine:
-            assert e.span == parsed.spans[(agent.id, "capacity")]
-            assert parsed.text[e.span[0] : e.span[1]] == agent.capacity
-            assert sum(a != b for a, b in zip(SPEC.agents, e.spec.agents, strict=True)) == 1
-    assert not [e for e in counterfactual_edits(parsed, POOL) if e.family is EditFamily.capacity_swap]  # off
-
-    only_swap = EditFamilySampler(families=["capacity_swap"])
-    for seed in range(5):  # a pick brings that agent's other levels along, so contrasts sum to a centred one
-        chosen = only_swap.sample(swaps, k=1, rng=random.Random(seed))
-        assert len(chosen) == len(levels) - 1 and len({e.agent_id for e in chosen}) == 1
-    assert len(only_swap.sample(swaps, k=2, rng=random.Random(0))) == 2 * (len(levels) - 1)
-    assert len(only_swap.sample(swaps, k=10, rng=random.Random(0))) == len(swaps)  # every agent, each once
-    # the other families still count one edit per pick
-    paper_like = EditFamilySampler(families=SWAP_FAMILIES)
-    chosen = paper_like.sample(counterfactual_edits(parsed, POOL, SWAP_FAMILIES), k=3, rng=random.Random(1))
-    picks = sum(1 for e in chosen if e.family is not EditFamily.capacity_swap) + len(
-        {e.agent_id for e in chosen if e.family is EditFamily.capacity_swap})
-    assert picks == 3
-    with pytest.raises(ValueError, match="capacity_swap already moves"):
-        EditFamilySampler(families=["capacity_swap", "capacity_downgrade"])

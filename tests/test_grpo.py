@@ -34,7 +34,7 @@ def test_config_defaults_and_errors() -> None:
     assert not cfg.cf_weight_by_abs_delta  # the linear span term (bench/credit.py: the quadratic one did nothing)
     assert (cfg.cf_delta_scale, cfg.cf_clip) == ("group_std", 2.0)
     assert (cfg.std_floor, cfg.drop_uniform_success_groups, cfg.cf_max_ratio, cfg.cf_ratio_floor) == (
-        0.1, False, 2.0, 0.5)
+        0.1, False, 0.5, 0.5)  # cf_max_ratio 0.5 since 2026-12-06 (bench/credit.py)
     with pytest.raises(ValidationError, match="std_floor"):
         GRPOConfig(std_floor=-0.1)
     with pytest.raises(ValidationError, match="cf_max_ratio"):
@@ -266,10 +266,12 @@ def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None
     centred = torch.tensor(rewards, dtype=torch.float64) - sum(rewards) / 6
     assert group.tolist() == pytest.approx((centred / (0.1 + 1e-6)).tolist(), abs=1e-6)
     assert group.abs().max().item() < 0.16  # a right-vs-wrong group has ±1
-    # span: Δ̃ = -0.02 / 0.1 = -0.2, β·Δ̃ = 4 · -0.2 = -0.8 on top of Â_0 = 0.005 / 0.1 = 0.05: under the cap
-    # ρ · max(|Â|, a_min) = 2 · 0.5 = 1, so a price contrast stays below a right-vs-wrong one (capped at 2|Â|)
-    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.8, 0.05], abs=1e-5)
-    assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 0)
+    # span: Δ̃ = -0.02 / 0.1 = -0.2, β·Δ̃ = 4 · -0.2 = -0.8 on top of Â_0 = 0.005 / 0.1 = 0.05, capped at
+    # ρ · max(|Â|, a_min) = 0.5 · 0.5 = 0.25 (the cap of 2 before 2026-12-06 let all of -0.8 through)
+    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.25, 0.05], abs=1e-5)
+    assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 1)
+    wide = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits, GRPOConfig(cf_max_ratio=2.0))
+    assert wide.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.8, 0.05], abs=1e-5)  # under 2 · 0.5
     assert credit.constant_groups == 0  # price-only differences are still differences
     assert credit.scaled_delta_abs == {"capacity_downgrade": pytest.approx(0.2, abs=1e-5)}
     # the quadratic weight at β = 1 (the default before 2026-12-05) makes it -0.04
@@ -348,8 +350,8 @@ def test_drop_uniform_success_groups_zeroes_the_group_term_keeps_span_terms() ->
     cfg = GRPOConfig(drop_uniform_success_groups=True)
     credit = credit_advantages(rewards, ids, successes, [2] * 7, edits, cfg)
     assert (credit.groups, credit.dropped_groups) == (3, 1)
-    # group u: Â = 0; its span term -0.3/σ_u (σ_u = 0.0408) -> clip -2 -> -4, capped at ρ·a_min = 1
-    assert credit.advantages[0].tolist() == pytest.approx([-1.0, 0.0], abs=1e-6)
+    # group u: Â = 0; its span term -0.3/σ_u (σ_u = 0.0408) -> clip -2 -> -4, capped at ρ·a_min = 0.5 · 0.5
+    assert credit.advantages[0].tolist() == pytest.approx([-0.25, 0.0], abs=1e-6)
     assert credit.advantages[1].tolist() == [0.0, 0.0] and credit.advantages[2].tolist() == [0.0, 0.0]
     assert credit.advantages[3].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # d is kept
     assert credit.advantages[5].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)  # invalid vs valid is learnt

@@ -117,7 +117,9 @@ def test_counterfactual_advantage_lands_only_on_the_edited_span_tokens() -> None
         family="capacity_downgrade", agent_id="a1", span=(5, 8), description="", reward=0.5, delta=0.5
     )
     records = [_record("t", 1.0, 6, [edit]), _record("t", 0.0, 6, []), _record("u", 0.3, 6, [])]
-    quadratic = dict(cf_weight_by_abs_delta=True)  # β·|Δ̃|·Δ̃, so the by-hand figures below show the weighting
+    # β·|Δ̃|·Δ̃, so the by-hand figures below show the weighting; the cap ρ = 2 (the default before 2026-12-06)
+    # leaves them whole (tests/test_grpo.py covers the cap)
+    quadratic = dict(cf_weight_by_abs_delta=True, cf_max_ratio=2.0)
     adv = record_advantages(records, GRPOConfig(cf_coef=2.0, cf_delta_scale="none", **quadratic))
     # group t: rewards [1, 0] -> group advantages [+1, -1]; span chars [5, 8) overlap tokens 2 (4-6), 3 (6-8)
     assert adv[0].tolist() == pytest.approx([1, 1, 1 + 2 * 0.5 * 0.5, 1 + 0.5, 1, 1], abs=1e-5)
