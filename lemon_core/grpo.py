@@ -77,7 +77,8 @@ class GRPOConfig(BaseModel):
         "(the ablation baseline). 4 with the linear term (cf_weight_by_abs_delta false): a price-only contrast "
         "between two capacities of one agent is ~0.1 group-advantage units, so β·Δ̃ ≈ 0.4 is the size at "
         "which it shows next to the group term's noise; decisive contrasts are held by cf_clip and "
-        "cf_max_ratio. Measured on bench/credit.py (32 seeds, 20 steps, 2026-12-05): the share of specs at the "
+        "cf_max_ratio (at its default 0.5 a span term is cut to half the group term, or to 0.25 where "
+        "|Â| < 0.5). Measured on bench/credit.py (32 seeds, 20 steps, 2026-12-05): the share of specs at the "
         "optimal capacity pair rose by +0.118 ± 0.032 over plain GRPO (cf ahead on 22/32 seeds); β = 1 "
         "linear (−0.014 ± 0.024) and β = 4 quadratic (−0.025 ± 0.025) left it where plain GRPO has it.",
     )
@@ -135,9 +136,10 @@ class GRPOConfig(BaseModel):
         "cf_ratio_floor), so it moves a token's advantage by at most ρ times the completion's group term (and, "
         "where Â_i is near 0, by at most ρ · cf_ratio_floor). 0.5 since 2026-12-06, from bench/credit.py (16 "
         "seeds, 40 steps, lr 2e-4, paired with plain GRPO): at ρ = 2 (the former default) the span term steered "
-        "to the optimal capacity pair (+0.133 ± 0.050 of the sampled specs) but on the priced family broke "
-        "specs (valid 0.95 vs 0.99: big span advantages on a small policy's capacity tokens garbled the text "
-        "near them until max_new_tokens), costing reward (−0.074 ± 0.027); at ρ = 0.5 validity equals plain "
+        "to the optimal capacity pair on the shipped family (+0.133 ± 0.050 of the sampled specs) but on the "
+        "priced family broke specs (valid 0.95 vs 0.99: the small policy's role/duty text near the capacity "
+        "spans turned to garbage until max_new_tokens; likely the big span advantages, as capacity edits alone "
+        "did it too), costing reward (−0.074 ± 0.027); at ρ = 0.5 validity equals plain "
         "GRPO's on both families and the shipped family's share at the optimum rose by +0.271 ± 0.045 (cf "
         "ahead on 16/16 seeds; expected reward +0.030 ± 0.012); ρ = 0.25 gave +0.157 ± 0.031; ρ = 1 "
         "+0.294 ± 0.059 but valid 0.986 and 0.970 (docs/training.md). None = no cap (the paper's unscaled "

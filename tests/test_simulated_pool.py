@@ -134,7 +134,19 @@ def test_coupled_draws_keep_an_agents_luck_across_levels_and_duties(coupled: boo
     small_only = sum(s and not lg for s, lg in zip(right_small, right_large, strict=True))
     duty_flips = sum(a != b for a, b in zip(right_large, default_duty, strict=True))
     if coupled:  # one number per slot: a larger level is right wherever a smaller one is, and a duty edit flips
-        assert small_only == 0  # only the calls whose number falls in the 0.05 bonus band
+        assert small_only == 0
+        # a duty edit flips only the calls whose number falls in the 0.05 bonus band, and only right -> wrong
         assert 0 < duty_flips <= 40 and all(a or not b for a, b in zip(right_large, default_duty, strict=True))
+        # a request without a seed (not one the executor makes) draws as by default, not one number for all agents
+        questions = [f"Unseeded: what is {i} + 4?" for i in range(100)]
+        register_examples([Example(id=f"u{i}", benchmark="gsm8k", question=q, answer=str(i + 4),
+                                   answer_format="Answer with a number.") for i, q in enumerate(questions)])
+        unseeded = [GenerationRequest.chat("You are the Solver.\nYour duty: Solve it.",
+                                           f"Task:\n{q}\n\nNow do your duty") for q in questions]
+        coupled_half, plain_half = (SimulatedBackend("medium", {"gsm8k": 0.5}, coupled_draws=c) for c in (True, False))
+        answers = coupled_half.generate(unseeded)
+        right = [a.text.endswith(f" {i + 4}.") for i, a in enumerate(answers)]
+        assert not any(a.error for a in answers) and 20 < sum(right) < 80  # a mix, so a different draw would show
+        assert answers == plain_half.generate(unseeded)
     else:  # every request draws anew: an edit re-rolls the outcome
         assert small_only > 0 and duty_flips > 50  # expected 10 and 88 of 400 (independent draws)

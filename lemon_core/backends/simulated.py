@@ -12,13 +12,15 @@ How an agent call is answered:
   duty is customised (differs from the base role's default). The draw is a hash of (seed, request),
   so it is reproducible and identical on re-execution.
 - ``coupled_draws: true`` (an option of every level, off by default) keys the draw on (seed, the request's
-  sampling seed, the task) instead: one agent slot of one execution (the executor's ``agent_seed``) keeps
-  its number whatever its level, duty or inputs, and is right when that number is below its ``p``. A
-  counterfactual re-execution then changes the outcome only where the edit changes ``p`` across the drawn
-  number (common random numbers), as if the agent kept its luck; with the default, any edit redraws the
-  edited agent, so a one-field contrast carries the full noise of a right/wrong outcome. The two are the
-  ends between which a real agent lies (a greedy model's answer may flip on any change of its prompt).
-  Each level's marginal chance of being right is the same either way.
+  sampling seed, the task) instead: an agent id (the executor's ``agent_seed``) keeps its number whatever
+  its level, duty or inputs, and is right when that number is below its ``p``. A counterfactual
+  re-execution then changes the outcome only where the edit changes ``p`` across the drawn number (common
+  random numbers), as if the agent kept its luck; with the default, any edit redraws the edited agent, so
+  a one-field contrast carries the full noise of a right/wrong outcome. The two are the ends between which
+  a real agent lies (a greedy model's answer may flip on any change of its prompt). Note the scope: the
+  executor seeds a whole training step alike, so every sample of a task in that step (not only an original
+  and its edits) shares its agents' numbers. Each level's marginal chance of being right is the same either
+  way. A request without a seed draws as by default.
 - Solve-and-check families (a benchmark listed in a level's ``repair_accuracy``): an agent that reads
   parents does not solve from scratch. It keeps a correct parent answer and, where its parents are
   wrong, fixes the answer with probability ``repair_accuracy[benchmark]`` of its level:
@@ -119,8 +121,9 @@ class SimulatedBackend:
         p = self._probability_right(benchmark, gold, _PARENT_RE.findall(user + "\n\nNow do"))
         if self._duty_is_customised(system):
             p = min(1.0, p + self.duty_bonus)
-        # module docstring: coupled draws give one agent slot one number across levels, duties and inputs
-        draw = (request.seed, found.group(1).strip()) if self.coupled_draws else (self.level, request)
+        # module docstring: coupled draws give one agent id one number across levels, duties and inputs
+        coupled = self.coupled_draws and request.seed is not None
+        draw = (request.seed, found.group(1).strip()) if coupled else (self.level, request)
         correct = _uniform(self.seed, *draw) < p
         text = f"The answer is {gold if correct else _wrong_answer(gold)}."
         return Completion(text, prompt_tokens, self.completion_tokens, 0.001)
