@@ -133,7 +133,7 @@ def test_coupled_draws_keep_an_agents_luck_across_levels_and_duties(coupled: boo
     assert sum(right_large) / 400 == pytest.approx(0.90, abs=0.05)
     small_only = sum(s and not lg for s, lg in zip(right_small, right_large, strict=True))
     duty_flips = sum(a != b for a, b in zip(right_large, default_duty, strict=True))
-    if coupled:  # one number per slot: a larger level is right wherever a smaller one is, and a duty edit flips
+    if coupled:  # one number per agent id: a larger level is right wherever a smaller one is
         assert small_only == 0
         # a duty edit flips only the calls whose number falls in the 0.05 bonus band, and only right -> wrong
         assert 0 < duty_flips <= 40 and all(a or not b for a, b in zip(right_large, default_duty, strict=True))
