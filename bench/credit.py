@@ -159,7 +159,10 @@ the default row is confirmed by a full run below. "cf - grpo" is paired, last 5 
   GRPO's (-0.010 ± 0.008, cf ahead on 5/16). On the shipped family the span term steers twice as far:
   the share at the optimal pair is 0.58 against 0.30 (cf ahead on all 16 seeds), and the expected reward is +0.030 ±
   0.012 (12/16). The steps to 90% of r* are 32.0 against 33.8 (6 and 9 of 16 censored), so the ratio is 0.946:
-  issue #10's <= 0.75 is still NOT reached. On the priced family both arms stay far below the target in 40 steps.
+  issue #10's <= 0.75 is still NOT reached. A full run at the new default (both arms, `--seeds 8 --first-seed 0`
+  and `8` merged, at 33b281b) printed the same figures: grpo 33.81 ± 2.36 (9 censored), grpo+cf 32.00 ± 2.34 (6),
+  P(optimal spec) at step 40 +0.131 ± 0.035 (15/16), raw rollout reward +0.055 ± 0.018, `raw_ratio=1.042`,
+  `ratio=0.946`. On the priced family both arms stay far below the target in 40 steps.
   At ρ = 1 the shipped family's steps ratio was 0.906 (30.6 steps, 7 censored), within the noise of 0.946 (the
   steps' s.e. is ~2.3 per arm), but validity fell on both families (0.986, 0.970) and the priced family's reward
   with it (-0.041 ± 0.018). So the GRPO config defaults to 0.5 since: of the values run on both families (0.5, 1, 2)
