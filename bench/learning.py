@@ -69,6 +69,7 @@ from lemon_core.train import (  # noqa: E402
     sft_warmup,
     tasks_for_step,
 )
+from lemon_core.update import constant_groups_figure  # noqa: E402
 
 BASELINES = ("cot@small", "cot@large", "sc3@large")  # fixed-spec methods, built per pool in main()
 
@@ -105,10 +106,8 @@ def train_arm(cfg: TrainConfig, sft_dir: Path, train: list[Any], iterations: int
     for _ in range(iterations):
         tasks = tasks_for_step(train, state.step + 1, cfg.tasks_per_iteration, cfg.seed)
         it = run_iteration(state, tasks)
-        # constant groups: every sample got one reward, so the group term has nothing to learn from them
         print(f"  step {state.step}: reward/mean={it.row['reward/mean']:.3f} valid_rate={it.row['valid_rate']:.2f} "
-              f"loss={it.row.get('loss', 0.0):.4f} kl={it.row.get('kl', 0.0):.4f} constant_groups="
-              f"{it.row.get('credit/constant_groups', 0):.0f}/{it.row.get('credit/groups', 0):.0f} "
+              f"loss={it.row.get('loss', 0.0):.4f} kl={it.row.get('kl', 0.0):.4f} {constant_groups_figure(it.row)} "
               f"({it.row['time/step_s']:.0f} s)", flush=True)
     return state
 

@@ -268,11 +268,12 @@ def stage_train(
 def update_line(iteration: int, row: Mapping[str, Any]) -> str:
     """The one log line of a pipeline update: what the step saw and what it did, readable in kfp logs."""
     from lemon_core.progress import format_duration, format_figure
+    from lemon_core.update import constant_groups_figure
 
     keys = ("reward/mean", "valid_rate", "success_rate", "loss", "kl", "clip_ratio", "grad_norm")
     figures = " ".join(f"{k}={format_figure(row[k])}" for k in keys if k in row)
-    if "credit/groups" in row:  # groups whose samples all got one reward: the group term learns nothing from them
-        figures += f" constant_groups={row['credit/constant_groups']:.0f}/{row['credit/groups']:.0f}"
+    if constant := constant_groups_figure(row):
+        figures += f" {constant}"
     return f"update iteration {iteration} done in {format_duration(row['time/update_s'])}: {figures}"
 
 

@@ -40,6 +40,15 @@ def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
     )
 
 
+def constant_groups_figure(row: Any) -> str:
+    """``constant_groups=a/b`` from an update's metrics row: of its b groups, the a whose samples all got one reward
+    (the group term learns nothing from them); "" for a row without credit figures. The pipeline's update line and
+    bench/learning.py's step line both print it."""
+    if "credit/groups" not in row:
+        return ""
+    return f"constant_groups={row['credit/constant_groups']:.0f}/{row['credit/groups']:.0f}"
+
+
 def record_advantages(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> list[torch.Tensor]:
     """The per-token advantages of ``record_credit``."""
     return record_credit(records, cfg).advantages
