@@ -34,12 +34,15 @@ def _record(policy: OrchestratorPolicy, reward: float, truncated: bool, sample: 
                          reward=RewardTerms(total=reward))
 
 
+def _frozen_optimizer(policy: OrchestratorPolicy) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """SGD at lr 0: an update computes its loss and gradient and keeps the weights, so tests can share the policy."""
+    opt = torch.optim.SGD([p for p in policy.model.parameters() if p.requires_grad], lr=0.0)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
 def _grad_norm_after(policy: OrchestratorPolicy, records: list[RolloutRecord], mask: bool) -> float:
     cfg = TrainConfig(grpo={"kl_coef": 0.0}, rollout={"mask_truncated": mask}, optim={"max_grad_norm": 1e9})
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.0)  # lr 0: look at the gradient, keep the weights
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return grpo_update(policy, None, records, opt, sched, cfg)["grad_norm"]
+    return grpo_update(policy, None, records, *_frozen_optimizer(policy), cfg)["grad_norm"]
 
 
 def test_a_truncated_completion_contributes_no_gradient(tiny_policy: OrchestratorPolicy) -> None:
@@ -65,10 +68,7 @@ def test_an_update_reports_each_micro_batch_and_the_stage_prints_one_line(
 
     records = [_record(tiny_policy, float(i % 2), truncated=False, sample=i) for i in range(5)]
     cfg = TrainConfig(grpo={"kl_coef": 0.0}, optim={"micro_batch_size": 2})
-    params = [p for p in tiny_policy.model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    metrics = grpo_update(tiny_policy, None, records, opt, sched, cfg, progress=True)
+    metrics = grpo_update(tiny_policy, None, records, *_frozen_optimizer(tiny_policy), cfg, progress=True)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("grpo update")]
     assert lines[:3] == [ln for ln in lines if "micro-batch " in ln][:3] and len(lines) == 4  # 3 + "done"
     assert lines[2].startswith("grpo update micro-batch 3/3 (100%)") and lines[3].startswith("grpo update done")
@@ -90,9 +90,7 @@ def test_an_update_counts_the_groups_whose_samples_all_got_one_reward(tiny_polic
     for r in spread:
         r.task_id = "u"
     cfg = TrainConfig(grpo={"kl_coef": 0.0})
-    params = [p for p in tiny_policy.model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    opt, sched = _frozen_optimizer(tiny_policy)
     metrics = grpo_update(tiny_policy, None, copies + spread, opt, sched, cfg)
     assert (metrics["credit/groups"], metrics["credit/constant_groups"]) == (2, 1)
     only_copies = grpo_update(tiny_policy, None, copies, opt, sched, cfg)

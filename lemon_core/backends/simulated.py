@@ -113,7 +113,8 @@ class SimulatedBackend:
         system, user = request.messages[0][1], request.messages[-1][1]
         prompt_tokens = len(system.split()) + len(user.split())
         found = _TASK_RE.search(user + "\n\nNow do your duty")
-        key = _ANSWER_KEY.get(found.group(1).strip()) if found else None
+        question = found.group(1).strip() if found else ""
+        key = _ANSWER_KEY.get(question) if found else None
         if key is None:
             return Completion("", prompt_tokens, 0, 0.001,
                               error="simulated pool: task not in the answer key; call register_examples()")
@@ -123,7 +124,7 @@ class SimulatedBackend:
             p = min(1.0, p + self.duty_bonus)
         # module docstring: coupled draws give one agent id one number across levels, duties and inputs
         coupled = self.coupled_draws and request.seed is not None
-        draw = (request.seed, found.group(1).strip()) if coupled else (self.level, request)
+        draw = (request.seed, question) if coupled else (self.level, request)
         correct = _uniform(self.seed, *draw) < p
         text = f"The answer is {gold if correct else _wrong_answer(gold)}."
         return Completion(text, prompt_tokens, self.completion_tokens, 0.001)
