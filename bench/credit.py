@@ -121,7 +121,7 @@ steps; NOT reached either way, and the bench keeps the shipped prices by default
 
 Why the span term cost reward there, and the cap that restored validity (2026-12-06, second session). Seeds 0-15,
 40 steps, lr 2e-4. Plain GRPO samples no edits and is deterministic per seed (its runs reproduced to the digit), so
-most rows ran the cf arm alone (a local edit of main() that skipped the GRPO arm), paired with the GRPO runs above;
+most rows ran the cf arm alone (then a local edit of main(); `--arms grpo+cf` since), paired with the GRPO runs above;
 the default row is confirmed by a full run below. "cf - grpo" is paired, last 5 steps, mean ± s.e. (seeds cf ahead):
 
     family   cf arm                                      valid cf/grpo  optimal share cf-grpo  expected reward cf-grpo
@@ -175,6 +175,12 @@ Run a share of the seeds per process with --sft-cache and --json, then --merge (
         # and --first-seed 8 ... run8.json beside it (~13 min per process of 8 seeds at 40 steps);
         # the 20-step runs above: --steps 20 --lr 5e-4
     python bench/credit.py --merge run0.json run8.json     # refuses files of different settings
+
+One arm alone (a variant of the counterfactual term against a GRPO arm already run: the GRPO arm samples no edits, so
+the cf options cannot change it, and it is deterministic per seed):
+
+    OMP_NUM_THREADS=1 python bench/credit.py --arms grpo+cf --families all --seeds 8 --sft-cache sft0 --json cf0.json
+    python bench/credit.py --merge run0.json:grpo run8.json:grpo cf0.json cf8.json   # FILE:ARM takes one arm
     (--prices 100,600,1000 with its own --sft-cache, --cf-weight quadratic, --cf-coef 1, --families all,
      --credit legacy, --no-scale-rewards: the variants)
 """
@@ -210,6 +216,7 @@ from lemon_core.stats import standard_error  # noqa: E402
 from lemon_core.train import TrainConfig, TrainState, train  # noqa: E402
 
 LEVELS = ("small", "medium", "large")
+ARMS = ("grpo", "grpo+cf")  # plain GRPO (no edits) and GRPO + the localized counterfactual term
 OPTIMUM = ("large", "small")  # (solver, checker): tests/test_simulated_pool.py checks it is the best pair
 PAIRS = [(solver, checker) for solver in LEVELS for checker in LEVELS]
 FAMILY = "solve_check"
@@ -432,7 +439,8 @@ def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, ar
 
 def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
     """Per arm: steps to 90% of r* by the de-noised rollout reward (the headline) and by the raw one (the metric up
-    to 2026-12-05), then the paired differences cf − grpo, then both ratios."""
+    to 2026-12-05), then the paired differences cf − grpo, then both ratios. With one arm only (``--arms``), its
+    line and how to get the ratio."""
     denoised, raw = {}, {}
     for name, runs in results.items():
         denoised[name], se_d = mean_se([r["steps_to_target"] for r in runs])
@@ -446,6 +454,10 @@ def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
               f"reward: {raw[name]:.2f} ± {se_r:.2f} (censored {censored_r}) | s.e., n={len(runs)} | last {window} "
               f"steps: expected reward {expected[0]:.3f} ± {expected[1]:.3f}, optimal share {share[0]:.2f} ± "
               f"{share[1]:.2f}, valid {valid:.2f}")
+    if set(results) != set(ARMS):
+        print(f"no ratio: this run holds the {', '.join(results)} arm only; --merge its --json file with one of the "
+              "other arm at the same seeds and settings (FILE:ARM picks one arm of a file)")
+        return
     for key, label, last in (("expected_curve", "expected reward", window),
                              ("optimal_share", "optimal share", window),
                              ("optimal_prob", "P(optimal spec) read from the policy", 1),
@@ -467,34 +479,55 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
     return m, se, sum(d > 0 for d in diffs)
 
 
-# The options that may differ between the files of one merged run (which seeds, where the SFT cache and the output
-# went); every other option changes what a run measures, so the files must agree on it, options added later too.
-MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge"})
+# The options that may differ between the files of one merged run (which seeds and arms, where the SFT cache and the
+# output went); every other option changes what a run measures, so the files must agree on it, options added later
+# too. The options in CF_ARM_ONLY are compared only among the files' grpo+cf arms: the grpo arm samples no edits and
+# its cf_coef is 0, so its runs are the same whatever they say (tests/test_credit_bench.py checks it).
+MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge", "arms"})
+CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_weight", "cf_max_ratio"})
 
 
-def merge(paths: Sequence[Path]) -> None:
-    """Summarise several --json outputs (e.g. one seed per process) as one run.
+def merge(sources: Sequence[str | Path]) -> None:
+    """Summarise several --json outputs (e.g. one seed or one arm per process) as one run.
 
+    A source is a file, or ``FILE:ARM`` for one arm of it (``runs/a.json:grpo``): so a counterfactual arm run alone
+    with ``--arms grpo+cf`` pairs with the GRPO arm of an earlier run whose cf options differed.
     Refused: files whose settings differ (a ratio of neither; a file written before an option existed has None for
-    it, so it only merges with files that leave that option unset too), and a seed in two files (training is
-    deterministic per seed, so it would count one run twice and shrink the s.e.)."""
-    docs = [json.loads(p.read_text()) for p in paths]
-    for key in sorted(set().union(*(d["args"] for d in docs)) - MERGE_MAY_DIFFER):
-        values = {json.dumps(d["args"].get(key)) for d in docs}
+    it, so it only merges with files that leave that option unset too), a seed of one arm in two files (training is
+    deterministic per seed, so it would count one run twice and shrink the s.e.), and arms that hold different
+    seeds (the differences are paired by seed)."""
+    picked: list[tuple[dict, str]] = []  # (file, arm) pairs
+    for source in map(str, sources):
+        path, _, arm = source.rpartition(":")
+        path, arms = (path, [arm]) if arm in ARMS else (source, None)
+        doc = json.loads(Path(path).read_text())
+        arms = arms or [name for name in ARMS if doc["results"].get(name)]
+        if any(not doc["results"].get(name) for name in arms):
+            raise SystemExit(f"--merge: {path} holds no {arms[0]} arm; it holds {', '.join(doc['results'])}")
+        picked += [(doc, name) for name in arms]
+    for key in sorted(set().union(*(d["args"] for d, _ in picked)) - MERGE_MAY_DIFFER):
+        compared = [d for d, arm in picked if key not in CF_ARM_ONLY or arm == "grpo+cf"]
+        values = {json.dumps(d["args"].get(key)) for d in compared}
         if len(values) > 1:
             raise SystemExit(f"--merge: the files differ in {key} ({', '.join(sorted(values))}); merge runs of one "
                              "setting only")
-    seeds = [d["args"]["first_seed"] + i for d in docs for i in range(d["args"]["seeds"])]
-    if len(set(seeds)) < len(seeds):
-        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
-        raise SystemExit(f"--merge: seeds {repeated} are in more than one file; merge runs of different seeds")
-    results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
-    for d in docs:
-        for name in results:
-            results[name] += d["results"][name]
+    results: dict[str, list[dict]] = {}
+    for doc, arm in picked:
+        for i, run in enumerate(doc["results"][arm]):  # files written before runs kept their seed: in seed order
+            seed = run.get("seed", doc["args"]["first_seed"] + i)
+            if any(r["seed"] == seed for r in results.get(arm, [])):
+                raise SystemExit(f"--merge: seeds [{seed}] are in more than one file of the {arm} arm; merge runs "
+                                 "of different seeds")
+            results.setdefault(arm, []).append({**run, "seed": seed})
+    for runs in results.values():
+        runs.sort(key=lambda run: run["seed"])
+    seed_sets = {arm: [r["seed"] for r in runs] for arm, runs in results.items()}
+    if len({json.dumps(seeds) for seeds in seed_sets.values()}) > 1:
+        raise SystemExit(f"--merge: the arms hold different seeds ({seed_sets}); the differences are paired by seed")
+    docs = [d for d, _ in picked]
     steps, window = docs[0]["args"]["steps"], docs[0]["args"]["window"]
-    print(f"merged {len(paths)} files: r*={docs[0]['r_star']:.3f} steps={steps}")
-    summarize(results, steps, window)
+    print(f"merged {len(sources)} sources: r*={docs[0]['r_star']:.3f} steps={steps}")
+    summarize({arm: results[arm] for arm in ARMS if arm in results}, steps, window)
 
 
 def parse_prices(text: str) -> list[float]:
@@ -550,8 +583,12 @@ def main() -> None:
                          "can no longer wreck the policy's YAML, so what is measured is credit, not validity")
     ap.add_argument("--temperature", type=float, default=0.7,
                     help="sampling temperature: < 1 keeps the long YAML valid; a uniform capacity choice stays uniform")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                    help="which arms to run (default both); a run of one arm prints no ratio: --merge its --json "
+                         "file with the other arm's")
     ap.add_argument("--json", type=Path, default=None, help="also write every curve here")
-    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="only summarise these --json files")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="FILE[:ARM]",
+                    help="only summarise these --json files (FILE:grpo or FILE:grpo+cf takes one arm of a file)")
     args = ap.parse_args()
     if args.merge:
         return merge(args.merge)
@@ -560,7 +597,7 @@ def main() -> None:
     tasks = make_tasks(8)
     train_tasks, eval_tasks = tasks[:6], tasks[6:]
     register_examples(tasks)
-    results: dict[str, list[dict]] = {"grpo": [], "grpo+cf": []}
+    results: dict[str, list[dict]] = {name: [] for name in ARMS if name in args.arms}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         pool_source = bench_pool(args.prices, args.coupled_draws, work)
@@ -588,8 +625,9 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             random.seed(seed)
             seeded = base.model_copy(update={"seed": seed, "out": str(work / f"run-{seed}" / "x")})
-            for name, cf in (("grpo", False), ("grpo+cf", True)):
-                run = run_arm(sft_model, seeded, (train_tasks, eval_tasks), cf, args, rewards)
+            for name in results:
+                run = {"seed": seed, **run_arm(sft_model, seeded, (train_tasks, eval_tasks), name == "grpo+cf", args,
+                                               rewards)}
                 run["steps_to_target"] = steps_to_reach(run["expected_curve"], target, args.window)
                 run["raw_steps_to_target"] = steps_to_reach(run["curve"], target, args.window)
                 results[name].append(run)

@@ -91,7 +91,8 @@ def test_expected_reward_drops_the_pool_draws_and_keeps_the_invalid_penalty(tmp_
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -> None:
-    """A 1-seed, 2-step run of the whole script (its SFT cut to 20 steps), then --merge of what it wrote."""
+    """A 1-seed, 2-step run of the whole script (its SFT cut to 20 steps), then --merge of what it wrote; then each
+    arm alone (--arms), merged by arm."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
         [sys.executable, str(REPO / "bench" / "credit.py"), "--seeds", "1", "--steps", "2", "--window", "1",
@@ -106,6 +107,30 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
                             capture_output=True, text=True, env=env, timeout=120, check=False)
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert merged.stdout.strip().splitlines()[-2:] == lines[-2:]
+
+    # One arm per run: the GRPO arm alone with other counterfactual options (which it ignores: bench/credit.py's
+    # CF_ARM_ONLY) writes the same curves, and the cf arm alone merged with the first run's GRPO arm gives its ratio.
+    def one_arm(arm: str, name: str, *options: str) -> dict:
+        alone = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "credit.py"), "--seeds", "1", "--steps", "2", "--window", "1",
+             "--sft-steps", "20", "--sft-cache", str(tmp_path / "sft"), "--json", str(tmp_path / name),
+             "--arms", arm, *options], capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert alone.returncode == 0, alone.stderr[-2000:]
+        assert alone.stdout.strip().splitlines()[-1].startswith(f"no ratio: this run holds the {arm} arm only")
+        return json.loads((tmp_path / name).read_text())["results"]
+
+    first = json.loads((tmp_path / "run.json").read_text())["results"]
+    grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
+                         "--cf-coef", "1", "--cf-weight", "quadratic")
+    assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
+    for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
+        assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
+    one_arm("grpo+cf", "cf.json")
+    by_arm = subprocess.run([sys.executable, str(REPO / "bench" / "credit.py"), "--merge",
+                             f"{tmp_path / 'run.json'}:grpo", str(tmp_path / "cf.json")],
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert by_arm.returncode == 0, by_arm.stderr[-2000:]
+    assert by_arm.stdout.strip().splitlines()[-2:] == lines[-2:]
 
 
 def test_both_credit_formulas_honour_scale_rewards() -> None:
@@ -189,6 +214,45 @@ def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Pa
         credit.merge([a, write("d", 0)])
     with pytest.raises(SystemExit, match="differ in a_later_option"):  # no list of options to keep up to date
         credit.merge([a, write("e", 3, a_later_option=True)])
+
+
+def test_merge_pairs_one_arm_of_a_file_with_an_arm_run_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``FILE:ARM`` takes one arm of a file, so a grpo+cf arm run alone (``--arms grpo+cf``) with other cf options
+    pairs with an earlier run's GRPO arm; options that change the GRPO arm too must still agree, and both arms
+    must hold the same seeds (the differences are paired by seed, whatever the order of the files)."""
+    credit = _credit()
+
+    def write(name: str, results: dict, first_seed: int = 0, **settings: object) -> Path:
+        args = {"steps": 4, "window": 1, "lr": 2e-4, "cf_max_ratio": 0.5, "families": "paper", "seeds": 2,
+                "first_seed": first_seed, "json": name} | settings
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"r_star": 0.6, "args": args, "results": results}))
+        return path
+
+    def run(steps: int, reward: float, **seed: int) -> dict:
+        return {**_fake_run(steps), "expected_curve": [reward], **seed}
+
+    both = write("both", {"grpo": [run(4, 0.1), run(2, 0.5)], "grpo+cf": [run(5, 0.0), run(5, 0.0)]})
+    cf_alone = write("cf", {"grpo+cf": [run(3, 0.6, seed=1), run(1, 0.2, seed=0)]},
+                     arms=["grpo+cf"], cf_max_ratio=2.0, families="all")
+    credit.merge([f"{both}:grpo", cf_alone])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "ratio=0.667"  # (1 + 3) / (4 + 2)
+    # paired by seed: 0.2 - 0.1 and 0.6 - 0.5 (in file order it would be 0.6 - 0.1 and 0.2 - 0.5: ahead on 1/2)
+    assert any(line.startswith("paired cf - grpo expected reward") and "+0.100 ± 0.000" in line
+               and line.endswith("cf ahead on 2/2 seeds") for line in out)
+    with pytest.raises(SystemExit, match="differ in cf_max_ratio"):  # the whole file: its cf arm had ρ = 0.5
+        credit.merge([both, cf_alone])
+    with pytest.raises(SystemExit, match="differ in lr"):  # lr moves the GRPO arm too
+        credit.merge([f"{both}:grpo", write("cf_lr", {"grpo+cf": [_fake_run(3), _fake_run(1)]}, lr=1e-4)])
+    with pytest.raises(SystemExit, match="arms hold different seeds"):
+        credit.merge([f"{both}:grpo", write("cf_late", {"grpo+cf": [_fake_run(3), _fake_run(1)]}, first_seed=1)])
+    with pytest.raises(SystemExit, match="holds no grpo arm"):
+        credit.merge([f"{cf_alone}:grpo"])
+    credit.merge([cf_alone])  # one arm alone: its line, and why there is no ratio
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("no ratio: this run holds the grpo+cf arm only")
+    assert not any(line.startswith("ratio=") for line in out)
 
 
 def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_with(
