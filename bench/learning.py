@@ -133,9 +133,10 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, choices=BASELINES,
                     help="run only these baselines and add their rows to OUT/learning.json (a row of the same "
                     "method is replaced): completes a run made with --skip")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large"],
-                    help="methods not to run: sc3@large costs three times CoT@large's generation (its row is "
-                    "then absent; the ratio line needs only lemon and cot@large)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large", "grpo-only"],
+                    help="methods not to run: sc3@large costs three times CoT@large's generation, grpo-only as many "
+                    "GRPO steps as lemon (their rows are then absent; the last lines need only lemon, lemon-sft and "
+                    "cot@large)")
     ap.add_argument("--agent-max-tokens", type=int, default=None,
                     help="cap every level's answer length (default: the pool's own; a cap that cuts answers "
                     "before their final line scores them 0, see truncated= in the table)")
@@ -217,6 +218,8 @@ def main() -> None:
 
     arms = {"lemon": cfg, "grpo-only": cfg.with_overrides(rollout={"edits_per_spec": 0})}
     for name, arm_cfg in arms.items():
+        if name in args.skip:
+            continue
         t0 = time.perf_counter()
         print(f"{name}: {args.iterations} GRPO steps from the SFT model", flush=True)
         state = train_arm(arm_cfg, sft_dir, train, args.iterations)
