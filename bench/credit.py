@@ -136,7 +136,11 @@ the default row is confirmed by a full run below. "cf - grpo" is paired, last 5 
     shipped  cf_max_ratio 0.25                           1.00 / 1.00    +0.157 ± 0.031 (15)    +0.022 ± 0.009 (12)
     shipped  cf_max_ratio 0.5 (the default since)        1.00 / 1.00    +0.271 ± 0.045 (16)    +0.030 ± 0.012 (12)
     shipped  cf_max_ratio 1                              0.99 / 1.00    +0.294 ± 0.059 (14)    +0.013 ± 0.019 (11)
+    shipped  cf_max_ratio 0.5, --families all (upgrades) 1.00 / 1.00    +0.104 ± 0.042 (10)    +0.005 ± 0.012 (8)
 
+- capacity_upgrade at the new cap (--arms grpo+cf --families all, merged with the full run's GRPO arm below;
+  2026-12-06, third session): steps 32.56 ± 2.73 (7 censored) vs 33.81, ratio=0.963. It steers 2.6x less than the
+  paper's three families at the same cap, for less reward, as at ρ = 2: rollout.edit_families keeps the three.
 - What broke. The cf arm's invalid specs are cut off at --max-new-tokens: the checker's role and duty text turns to
   garbage (`role: auty:e:oue:e_role_role:fu verifier`, `duty: Chedium`) until the budget ends (seed 6: 20 of 480
   samples, all truncated at 200 tokens, against 9 in plain GRPO). The capacity span terms are enough to cause it:
