@@ -459,8 +459,8 @@ def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
               f"steps: expected reward {expected[0]:.3f} ± {expected[1]:.3f}, optimal share {share[0]:.2f} ± "
               f"{share[1]:.2f}, valid {valid:.2f}")
     if set(results) != set(ARMS):
-        print(f"no ratio: this run holds the {', '.join(results)} arm only; --merge its --json file with one of the "
-              "other arm at the same seeds and settings (FILE:ARM picks one arm of a file)")
+        print(f"no ratio: the {', '.join(results)} arm only; --merge its --json file with a file of the other arm "
+              "at the same seeds and settings (FILE:ARM picks one arm of a file)")
         return
     for key, label, last in (("expected_curve", "expected reward", window),
                              ("optimal_share", "optimal share", window),
@@ -504,11 +504,15 @@ def merge(sources: Sequence[str | Path]) -> None:
     for source in map(str, sources):
         path, _, arm = source.rpartition(":")
         path, arms = (path, [arm]) if arm in ARMS else (source, None)
+        if not Path(path).is_file():
+            raise SystemExit(f"--merge: no file {path!r}" + (f" (and {arm!r} is not an arm: {', '.join(ARMS)})"
+                                                              if path == source and ":" in source else ""))
         doc = json.loads(Path(path).read_text())
-        arms = arms or [name for name in ARMS if doc["results"].get(name)]
-        if any(not doc["results"].get(name) for name in arms):
-            raise SystemExit(f"--merge: {path} holds no {arms[0]} arm; it holds {', '.join(doc['results'])}")
-        picked += [(doc, name) for name in arms]
+        held = [name for name in ARMS if doc["results"].get(name)]
+        if not held or any(name not in held for name in arms or []):
+            raise SystemExit(f"--merge: {path} holds no {(arms or ['run of any'])[0]} arm; it holds "
+                             f"{', '.join(held) or 'no runs'}")
+        picked += [(doc, name) for name in arms or held]
     for key in sorted(set().union(*(d["args"] for d, _ in picked)) - MERGE_MAY_DIFFER):
         compared = [d for d, arm in picked if key not in CF_ARM_ONLY or arm == "grpo+cf"]
         values = {json.dumps(d["args"].get(key)) for d in compared}
@@ -530,7 +534,7 @@ def merge(sources: Sequence[str | Path]) -> None:
         raise SystemExit(f"--merge: the arms hold different seeds ({seed_sets}); the differences are paired by seed")
     docs = [d for d, _ in picked]
     steps, window = docs[0]["args"]["steps"], docs[0]["args"]["window"]
-    print(f"merged {len(sources)} sources: r*={docs[0]['r_star']:.3f} steps={steps}")
+    print(f"merged {len(sources)} source(s): r*={docs[0]['r_star']:.3f} steps={steps}")
     summarize({arm: results[arm] for arm in ARMS if arm in results}, steps, window)
 
 

@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench-learning", help="output folder")
     ap.add_argument("--only", nargs="*", default=None, choices=BASELINES,
                     help="run only these baselines and add their rows to OUT/learning.json (a row of the same "
-                    "method is replaced): completes a run made with --skip")
+                    "method is replaced): completes a run made with --skip sc3@large")
     ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large", "grpo-only"],
                     help="methods not to run: sc3@large costs three times CoT@large's generation, grpo-only as many "
                     "GRPO steps as lemon (their rows are then absent; the last lines need only lemon, lemon-sft and "

@@ -116,7 +116,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
              "--sft-steps", "20", "--sft-cache", str(tmp_path / "sft"), "--json", str(tmp_path / name),
              "--arms", arm, *options], capture_output=True, text=True, env=env, timeout=600, check=False)
         assert alone.returncode == 0, alone.stderr[-2000:]
-        assert alone.stdout.strip().splitlines()[-1].startswith(f"no ratio: this run holds the {arm} arm only")
+        assert alone.stdout.strip().splitlines()[-1].startswith(f"no ratio: the {arm} arm only")
         return json.loads((tmp_path / name).read_text())["results"]
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
@@ -125,7 +125,9 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
-    one_arm("grpo+cf", "cf.json")
+    cf_alone = one_arm("grpo+cf", "cf.json")  # the cf arm alone: the same curves as beside the GRPO arm
+    for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
+        assert cf_alone["grpo+cf"][0][key] == first["grpo+cf"][0][key], key
     by_arm = subprocess.run([sys.executable, str(REPO / "bench" / "credit.py"), "--merge",
                              f"{tmp_path / 'run.json'}:grpo", str(tmp_path / "cf.json")],
                             capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -247,11 +249,15 @@ def test_merge_pairs_one_arm_of_a_file_with_an_arm_run_alone(tmp_path: Path, cap
         credit.merge([f"{both}:grpo", write("cf_lr", {"grpo+cf": [_fake_run(3), _fake_run(1)]}, lr=1e-4)])
     with pytest.raises(SystemExit, match="arms hold different seeds"):
         credit.merge([f"{both}:grpo", write("cf_late", {"grpo+cf": [_fake_run(3), _fake_run(1)]}, first_seed=1)])
-    with pytest.raises(SystemExit, match="holds no grpo arm"):
+    with pytest.raises(SystemExit, match="holds no grpo arm; it holds grpo\\+cf$"):
         credit.merge([f"{cf_alone}:grpo"])
+    with pytest.raises(SystemExit, match="'cf' is not an arm"):  # a mistyped arm is named, not a missing file
+        credit.merge([f"{both}:cf"])
+    with pytest.raises(SystemExit, match="holds no run of any arm; it holds no runs"):
+        credit.merge([write("empty", {"grpo": [], "grpo+cf": []})])
     credit.merge([cf_alone])  # one arm alone: its line, and why there is no ratio
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1].startswith("no ratio: this run holds the grpo+cf arm only")
+    assert out[-1].startswith("no ratio: the grpo+cf arm only")
     assert not any(line.startswith("ratio=") for line in out)
 
 
