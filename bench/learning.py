@@ -34,6 +34,10 @@ Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2
                                                  # lemon-sft = grpo-only wrote its spec 60/60: 0.633 = cot@large,
                                                  # ratio 1.000, cost_ratio 1.000, 1.169 with the orchestrator's
                                                  # own call; a tie by imitation, GRPO added nothing)
+    python bench/learning.py --config train-cpu-format-sft --iterations 10 --skip sc3@large grpo-only
+                                                 # SFT on the format only, then GRPO learns the choice: lemon-sft
+                                                 # 0.033 (a small solver 60/60) -> lemon 0.633 (a large one 60/60),
+                                                 # 27 min 47 s (f181672, 2026-12-06)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
@@ -120,7 +124,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=32, help="training tasks")
     ap.add_argument("--test", type=int, default=60, help="held-out test examples (the same for every method)")
     ap.add_argument("--iterations", type=int, default=3, help="GRPO steps of lemon and grpo-only")
-    ap.add_argument("--teacher", default="sweep", choices=["sweep", "templated"], help="SFT teacher")
+    ap.add_argument("--teacher", default=None, choices=["sweep", "templated"],
+                    help="SFT teacher (default: the config's; train-cpu: sweep, train-cpu-format-sft: templated)")
     ap.add_argument("--sweep-tasks", type=int, default=16,
                     help="training tasks the teacher sweep executes (every candidate spec of each on the pool)")
     ap.add_argument("--sweep-topologies", default="cot,chain",
@@ -147,8 +152,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     sweep = {"topologies": args.sweep_topologies.split(","), "max_tasks": args.sweep_tasks,
              "teach_top": args.teach_top}
-    cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False,
-                                sft={"teacher": args.teacher, "sweep": sweep})
+    teacher = {"teacher": args.teacher} if args.teacher else {}
+    cfg = TrainConfig.from_yaml(args.config, out=str(out), progress=False, sft={**teacher, "sweep": sweep})
     cfg = cfg.model_copy(update={"agent_max_tokens": args.agent_max_tokens})
     train, test, held = split_tasks(args.train, args.test, cfg.sft.eval_tasks)
     pool = load_train_pool(cfg)

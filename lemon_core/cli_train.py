@@ -19,7 +19,7 @@ def train_command(
         Path,
         typer.Option(
             help="Training config YAML (e.g. lemon_core/configs/train-cpu.yaml, or a bundled name: "
-            "train-cpu, "
+            "train-cpu, train-cpu-format-sft, "
             "train-gpu, train-tiny). Any field can be overridden by LEMON_* env, nested with '__': "
             "LEMON_OPTIM__LR=1e-5, LEMON_ITERATIONS=10."
         ),
