@@ -51,20 +51,27 @@ def test_bundled_configs_load_and_env_overrides_yaml(monkeypatch: pytest.MonkeyP
     assert (cfg.optim.lr, cfg.iterations, cfg.out, cfg.rollout.group_size) == (0.123, 7, "elsewhere", 4)
 
 
+def _flat_fields(cfg: TrainConfig) -> dict[str, object]:
+    """A config's fields with its sections flattened one level: ``{"optim.lr": 2e-05, "out": ...}``."""
+    flat: dict[str, object] = {}
+    for name, value in cfg.model_dump().items():
+        if isinstance(value, dict):
+            flat.update({f"{name}.{key}": inner for key, inner in value.items()})
+        else:
+            flat[name] = value
+    return flat
+
+
 def test_format_sft_config_is_train_cpu_but_for_its_teacher_and_step_size() -> None:
     """train-cpu-format-sft is the measured variant in which SFT teaches the format only: its header says it differs
     from train-cpu in the teacher, templated pairs, their shapes and the learning rate (and its output folder); a
     later edit of train-cpu must reach it too, or the two stop measuring one thing."""
-    base = TrainConfig.from_yaml("train-cpu").model_dump()
-    variant = TrainConfig.from_yaml("train-cpu-format-sft").model_dump()
-    changed = {(section, key) for section in base for key in (base[section] if isinstance(base[section], dict)
-               else [None]) if (variant[section] if key is None else variant[section][key])
-               != (base[section] if key is None else base[section][key])}
-    assert changed == {("out", None), ("sft", "teacher"), ("sft", "pairs_per_task"), ("sft", "topologies"),
-                       ("optim", "lr")}
-    assert (variant["sft"]["teacher"], variant["sft"]["pairs_per_task"], variant["optim"]["lr"]) == ("templated", 1,
-                                                                                                      2e-5)
-    assert set(variant["sft"]["topologies"]) == {"cot", "chain"}
+    base, variant = _flat_fields(TrainConfig.from_yaml("train-cpu")), _flat_fields(TrainConfig.from_yaml(
+        "train-cpu-format-sft"))
+    changed = {name for name, value in variant.items() if base[name] != value}
+    assert changed == {"out", "sft.teacher", "sft.pairs_per_task", "sft.topologies", "optim.lr"}
+    assert (variant["sft.teacher"], variant["sft.pairs_per_task"], variant["optim.lr"]) == ("templated", 1, 2e-5)
+    assert set(variant["sft.topologies"]) == {"cot", "chain"}
 
 
 @pytest.mark.parametrize("name", ["train-cpu", "train-cpu-format-sft", "train-gpu", "local-cpu", "cluster-gpu"])
