@@ -138,10 +138,10 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, choices=BASELINES,
                     help="run only these baselines and add their rows to OUT/learning.json (a row of the same "
                     "method is replaced): completes a run made with --skip sc3@large")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large", "grpo-only"],
-                    help="methods not to run: sc3@large costs three times CoT@large's generation, grpo-only as many "
-                    "GRPO steps as lemon (their rows are then absent; the last lines need only lemon, lemon-sft and "
-                    "cot@large)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["sc3@large", "lemon", "grpo-only"],
+                    help="methods not to run: sc3@large costs three times CoT@large's generation, lemon and grpo-only "
+                    "their GRPO steps (their rows are then absent; the last lines need lemon, lemon-sft and cot@large, "
+                    "and are left out without lemon)")
     ap.add_argument("--agent-max-tokens", type=int, default=None,
                     help="cap every level's answer length (default: the pool's own; a cap that cuts answers "
                     "before their final line scores them 0, see truncated= in the table)")
@@ -243,6 +243,9 @@ def main() -> None:
     lines = ["| method | accuracy [95% CI] | n | valid | $/ex agents | orchestrator | tokens/ex | truncated | looped | "
              "capacity mix |", "|---|---|---|---|---|---|---|---|---|---|"] + [markdown_row(r) for r in rows]
     (out / "learning.md").write_text("\n".join(lines) + "\n")
+    if "lemon" not in by:
+        print("no targets or ratio line: lemon was skipped (--skip lemon)")
+        return
     lemon, ref, sft_row = by["lemon"], by["cot@large"], by["lemon-sft"]
     ratio = lemon["accuracy"] / ref["accuracy"] if ref["accuracy"] else float("nan")
     cost_ratio = lemon["mean_cost_usd"] / ref["mean_cost_usd"] if ref["mean_cost_usd"] else float("nan")
