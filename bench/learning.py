@@ -37,7 +37,8 @@ Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2
     python bench/learning.py --config train-cpu-format-sft --iterations 10 --skip sc3@large grpo-only
                                                  # SFT on the format only, then GRPO learns the choice: lemon-sft
                                                  # 0.033 (a small solver 60/60) -> lemon 0.633 (a large one 60/60),
-                                                 # 27 min 47 s (f181672, 2026-12-06)
+                                                 # 27 min 47 s (f181672, 2026-12-06); with --skip sc3@large lemon,
+                                                 # grpo-only 0.683 (a large solver too), 25 min 55 s (537335a)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
