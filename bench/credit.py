@@ -530,11 +530,11 @@ def merge(sources: Sequence[str | Path]) -> None:
     for runs in results.values():
         runs.sort(key=lambda run: run["seed"])
     seed_sets = {arm: [r["seed"] for r in runs] for arm, runs in results.items()}
-    if len({json.dumps(seeds) for seeds in seed_sets.values()}) > 1:
+    if len({tuple(seeds) for seeds in seed_sets.values()}) > 1:
         raise SystemExit(f"--merge: the arms hold different seeds ({seed_sets}); the differences are paired by seed")
-    docs = [d for d, _ in picked]
-    steps, window = docs[0]["args"]["steps"], docs[0]["args"]["window"]
-    print(f"merged {len(sources)} source(s): r*={docs[0]['r_star']:.3f} steps={steps}")
+    first = picked[0][0]  # every file agrees on steps, window and the pool (checked above), so on r* too
+    steps, window = first["args"]["steps"], first["args"]["window"]
+    print(f"merged {len(sources)} source(s): r*={first['r_star']:.3f} steps={steps}")
     summarize({arm: results[arm] for arm in ARMS if arm in results}, steps, window)
 
 
