@@ -15,9 +15,11 @@ Engines:
 
 * ``transformers``: ``lemon_core.backends.TransformersBackend`` as lemon runs it by default: fp32, lemon's fused
   forward pass (``lemon_core/backends/fused_decoder.py``) on projections packed for oneDNN
-  (``lemon_core/backends/packed_linear.py``), torch's default thread count (one per core).
-* ``transformers-unfused``: the same with ``fused_forward=False`` (transformers' own forward on packed layers):
-  what the fused forward buys.
+  (``lemon_core/backends/packed_linear.py``), the batch's shared prompt prefix run once
+  (``lemon_core/backends/shared_prefix.py``), torch's default thread count (one per core). vLLM's prefix cache is
+  on by default but caches only full blocks (128 tokens on CPU), so these short prompts hit nothing there.
+* ``transformers-unfused``: the same with ``fused_forward=False`` (transformers' own forward on packed layers,
+  every row's whole prompt): what the fused forward and the shared prefix buy.
 * ``transformers-dense``: the same with ``packed_weights=False`` (plain ``F.linear``, MKL sgemm): what packing buys.
 * ``transformers-t1``: the default with one torch thread.
 * ``vllm``: ``vllm.LLM`` (fp32) in the Python given by ``--vllm-python`` (e.g. ``.venv-vllm/bin/python`` made by

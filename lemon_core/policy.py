@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length
 from lemon_core.logprobs import offsets_from_token_ids, sequence_logprobs
 from lemon_core.lora import merged_lora_state
 from lemon_core.pool import CapacityPool
@@ -104,37 +105,6 @@ def pack(
             ids[row, width : width + len(c)] = torch.tensor(list(c), dtype=torch.long)
             mask[row, width : width + len(c)] = 1
     return ids, mask, width
-
-
-MIN_SHARED_PREFIX = 16  # shorter shared prefixes are not worth a forward pass of their own
-
-
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """How many leading tokens every prompt shares, leaving each prompt at least one token of its own
-    (generation needs one uncached input per row); 0 when that is under ``MIN_SHARED_PREFIX``."""
-    if len(prompts) < 2:
-        return 0
-    n = min(len(p) for p in prompts) - 1
-    first = prompts[0]
-    for other in prompts[1:]:
-        n = next((i for i in range(n) if other[i] != first[i]), n)
-    return n if n >= MIN_SHARED_PREFIX else 0
-
-
-def shared_prefix_layout(prompts: Sequence[Sequence[int]], prefix_len: int, pad_id: int) -> tuple[Tensor, Tensor]:
-    """(input_ids, attention_mask) with the shared prefix first, then each row's own tokens left-padded.
-
-    Row i is ``prefix + [pad ...] + prompt_i[prefix_len:]``: the pads sit between the prefix and the row's
-    own tokens, masked out; positions come from the mask, so every row's tokens keep their positions and the
-    row attends to exactly its own prompt. With ``prefix_len=0`` this is plain left padding (``pack``).
-    """
-    rests = [list(p[prefix_len:]) for p in prompts]
-    ids, mask, width = pack(rests, [[] for _ in rests], pad_id)
-    ids, mask = ids[:, :width], mask[:, :width]  # pack leaves one completion column; there is none here
-    if prefix_len == 0:
-        return ids, mask
-    prefix = torch.tensor(list(prompts[0][:prefix_len]), dtype=torch.long).expand(len(prompts), -1)
-    return torch.cat([prefix, ids], 1), torch.cat([torch.ones_like(prefix), mask], 1)
 
 
 class OrchestratorPolicy:

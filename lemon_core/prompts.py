@@ -155,7 +155,7 @@ def orchestrator_messages(
         for lv in pool.levels
     )
     # The task comes last: everything before it is the same for every task, so a sampler computes that
-    # shared prefix once per batch instead of once per row (policy.shared_prefix_layout).
+    # shared prefix once per batch instead of once per row (backends/shared_prefix.py).
     parts = [f"Capacity levels (cheapest first):\n{levels}"]
     if include_roles:
         # names only: every prompt token is paid at every sample and every update (docs/training.md)

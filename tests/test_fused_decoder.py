@@ -15,9 +15,11 @@ import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig
 
+from lemon_core.backends import transformers_backend
 from lemon_core.backends.base import BackendError, GenerationRequest
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal
 from lemon_core.backends.kv_cache import reserved_kv_cache
+from lemon_core.backends.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_layout, shared_prefix_length
 from lemon_core.backends.transformers_backend import TransformersBackend
 
 
@@ -107,6 +109,71 @@ def test_fused_logits_equal_the_models_own_through_prefill_decoding_and_rows_lea
     # The room holds what it reserved and says so instead of writing past it.
     with pytest.raises(ValueError, match="KVRoom holds"):
         decoder.logits(torch.zeros((2, 9), dtype=torch.long), torch.ones((2, attention.shape[1] + 9)), room)
+
+
+@torch.no_grad()
+def test_a_shared_prefix_run_once_gives_every_row_the_logits_of_its_whole_prompt(model_dir: Path) -> None:
+    """``prefill_shared`` writes one pass over the prompts' common prefix into every row; each row then feeds its
+    own tokens (left-padded after the prefix). Logits must equal the model's own over each whole prompt, through
+    decoding and rows leaving: a prefix written to one row only, or positions that restart after the padding,
+    would differ at once."""
+    model = _randomised(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
+    decoder = FusedDecoder(model, pack=True)
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, model.config.vocab_size, (7,), generator=g).tolist()
+    own = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 1, 3)]
+    prompts = [prefix + o for o in own]
+    ids, attention = shared_prefix_layout(prompts, len(prefix), pad_id=0)
+    room = decoder.new_room(3, ids.shape[1] + 6)
+    decoder.prefill_shared(ids[:1, : len(prefix)], room)
+    assert room.filled == len(prefix)
+    fused = decoder.logits(ids[:, len(prefix) :], attention, room)
+    full_ids, full_attention = _left_padded(prompts, pad=0)  # the reference: every row's whole prompt
+    cache = reserved_kv_cache(model.config, full_ids.shape[1] + 6)
+    reference = _reference_logits(model, full_ids, full_attention, cache)
+    _assert_same_logits(fused, reference)
+    for step in range(4):
+        if step == 2:  # the first row finishes
+            keep = torch.tensor([1, 2])
+            room.batch_select_indices(keep)
+            cache.batch_select_indices(keep)
+            attention, full_attention, reference = attention[keep], full_attention[keep], reference[keep]
+        step_ids = reference.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, torch.ones_like(step_ids)], dim=1)
+        full_attention = torch.cat([full_attention, torch.ones_like(step_ids)], dim=1)
+        fused = decoder.logits(step_ids, attention, room)
+        reference = _reference_logits(model, step_ids, full_attention, cache)
+        _assert_same_logits(fused, reference)
+    with pytest.raises(ValueError, match="empty room"):
+        decoder.prefill_shared(ids[:1, : len(prefix)], room)
+
+
+def test_backend_writes_the_same_with_its_shared_prefix_run_once_as_without(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents' prompts share the chat template's system turn; the backend runs it once per batch. What each row
+    writes must not change (greedy and seeded sampling, rows leaving at different steps)."""
+    backend = TransformersBackend(str(model_dir))
+    system = "You are a careful solver. Read the task, work it out step by step, and end with the answer."
+    requests = [
+        GenerationRequest.chat(system, "What is 12 + 30?", max_tokens=16),
+        GenerationRequest.chat(system, "hi", max_tokens=5),
+        GenerationRequest.chat(system, "Check: 3 + 5 = 8.", max_tokens=24, temperature=0.9, seed=3),
+    ]
+    assert shared_prefix_length([backend.encode(r) for r in requests]) >= MIN_SHARED_PREFIX
+    prefixes: list[int] = []
+    prefill_shared = backend.decoder.prefill_shared
+    monkeypatch.setattr(backend.decoder, "prefill_shared",
+                        lambda ids, room: (prefixes.append(ids.shape[1]), prefill_shared(ids, room)))
+    shared = backend.generate(requests)
+    assert prefixes == [shared_prefix_length([backend.encode(r) for r in requests])]  # it did run once
+    monkeypatch.setattr(transformers_backend, "shared_prefix_length", lambda _prompts: 0)
+    whole = backend.generate(requests)
+    assert len(prefixes) == 1  # not run when turned off
+    assert [c.text for c in shared] == [c.text for c in whole]
+    assert [c.completion_tokens for c in shared] == [c.completion_tokens for c in whole]
+    assert [c.prompt_tokens for c in shared] == [c.prompt_tokens for c in whole]
+    assert all(c.ok for c in shared) and shared[2].completion_tokens > 5
 
 
 def test_backend_writes_the_same_with_the_fused_forward_as_with_transformers(model_dir: Path) -> None:

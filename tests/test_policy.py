@@ -9,15 +9,9 @@ import pytest
 import torch
 
 from lemon_core import policy as policy_module
+from lemon_core.backends.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_layout, shared_prefix_length
 from lemon_core.baselines import chain
-from lemon_core.policy import (
-    OrchestratorPolicy,
-    orchestrator_messages,
-    pack,
-    shared_prefix_layout,
-    shared_prefix_length,
-    spec_completion,
-)
+from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, pack, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.spec import parse_spec
@@ -89,7 +83,7 @@ def test_sampling_over_a_shared_prefix_writes_what_full_prompts_write(
     """The prefix is run once and its cache copied to every row; the samples must not change."""
     pool = load_pool("simulated")
     prompts = [policy.prompt_ids(q, pool) for q in ("What is 2 + 3?", "Add 4 and 9, then double it.", "Hi")]
-    assert shared_prefix_length(prompts) >= policy_module.MIN_SHARED_PREFIX
+    assert shared_prefix_length(prompts) >= MIN_SHARED_PREFIX
     runs = {}
     for shared in (True, False):
         if not shared:

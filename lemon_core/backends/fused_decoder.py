@@ -115,13 +115,16 @@ class KVRoom:
         self.filled = 0
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this step's keys/values of ``layer``; returns views of all positions filled so far."""
-        start, end = self.filled, self.filled + keys.shape[2]
+        """Store this step's keys/values of ``layer``; returns views of all positions filled so far.
+
+        Keys of one row when the room holds more (a shared prompt prefix, ``FusedDecoder.prefill_shared``) are
+        written to every row, and the views returned are of that one row: the pass that wrote them is batch 1."""
+        rows, start, end = keys.shape[0], self.filled, self.filled + keys.shape[2]
         if end > self.keys[layer].shape[2]:
             raise ValueError(f"KVRoom holds {self.keys[layer].shape[2]} positions; this step needs {end}")
-        self.keys[layer][:, :, start:end].copy_(keys)
+        self.keys[layer][:, :, start:end].copy_(keys)  # broadcasts one row to all
         self.values[layer][:, :, start:end].copy_(values)
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        return self.keys[layer][:rows, :, :end], self.values[layer][:rows, :, :end]
 
     def batch_select_indices(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows leave the batch), moved to the front; only filled positions are copied.
@@ -176,8 +179,22 @@ class FusedDecoder:
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor, attention: torch.Tensor, room: KVRoom) -> torch.Tensor:
         """Last-position logits ``[batch, vocab]`` after feeding ``input_ids`` ``[batch, new]`` (the whole left-padded
-        prompt at the first step, one token a row after). ``attention`` ``[batch, filled + new]`` is 1 on real
-        tokens, 0 on padding; it fixes each token's position and what it may attend to."""
+        prompt at the first step, or what follows its shared prefix; one token a row after). ``attention``
+        ``[batch, filled + new]`` is 1 on real tokens, 0 on padding; it fixes each token's position and what it may
+        attend to."""
+        return self.head(self._unit_rms(self._hidden(input_ids, attention, room)[:, -1]))
+
+    @torch.no_grad()
+    def prefill_shared(self, prefix_ids: torch.Tensor, room: KVRoom) -> None:
+        """Run the prompts' shared prefix ``[1, P]`` once and write its keys and values into every row of the empty
+        ``room`` (``backends/shared_prefix.py`` lays the batch out for it); ``logits`` then takes each row's own
+        tokens. No logits: the prefix's last position is not where generation starts."""
+        if room.filled:
+            raise ValueError(f"prefill_shared needs an empty room; this one holds {room.filled} positions")
+        self._hidden(prefix_ids, torch.ones_like(prefix_ids), room)
+
+    def _hidden(self, input_ids: torch.Tensor, attention: torch.Tensor, room: KVRoom) -> torch.Tensor:
+        """The last layer's output ``[batch, new, hidden]`` (before the final norm), keys and values stored."""
         new = input_ids.shape[1]
         cos, sin = self._rotary(token_positions(attention, new))
         mask = _attention_mask(attention, new).to(self.dtype)
@@ -189,7 +206,7 @@ class FusedDecoder:
             gate, up = layer.gate_up(self._unit_rms(x)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         room.filled += new
-        return self.head(self._unit_rms(x[:, -1]))
+        return x
 
     def _unit_rms(self, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm without its weight (folded into the next projection)."""

@@ -13,7 +13,8 @@ On CPU a decoding step is mostly matrix products; what else it costs is kept sma
 its own file with its measurements: linear layers packed for oneDNN (``packed_linear.py``), a forward pass of
 its own for Llama and Qwen2 models with fused projections and no per-layer module overhead (``fused_decoder.py``;
 other models run transformers' forward with a KV cache that reserves room for the whole answer,
-``kv_cache.py``) and glibc keeping freed activation memory (``cpu_allocator.py``). ``bench/engines.py`` compares
+``kv_cache.py``) and glibc keeping freed activation memory (``cpu_allocator.py``). With the fused forward, the
+prompt pass runs the batch's shared prompt prefix once (``shared_prefix.py``). ``bench/engines.py`` compares
 the result with vLLM's CPU build.
 
 A greedy agent row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in
@@ -37,6 +38,7 @@ from lemon_core.backends.cpu_allocator import keep_heap_pad
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal, token_positions
 from lemon_core.backends.kv_cache import reserved_kv_cache
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
+from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -180,12 +182,11 @@ class TransformersBackend:
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
         t0 = time.perf_counter()
         prompts = [self.encode(r) for r in requests]
-        n, width = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for row, ids in enumerate(prompts):  # left padding
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids) :] = 1
+        # The fused forward runs the prompts' shared prefix (the chat template's system turn, at least) once for
+        # the batch; transformers' forward (models the fused one does not cover) runs every row's whole prompt.
+        prefix_len = shared_prefix_length(prompts) if self.decoder is not None else 0
+        input_ids, attention = shared_prefix_layout(prompts, prefix_len, self.pad_id)
+        n, width = input_ids.shape
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         generators = [_generator(r.seed if r.seed is not None else self.seed) for r in requests]
         new_tokens: list[list[int]] = [[] for _ in requests]
@@ -196,6 +197,9 @@ class TransformersBackend:
         longest = max(r.max_tokens for r in requests)
         forward = self.decoder or _TransformersForward(self.model)
         room, step_ids = forward.new_room(n, width + longest), input_ids
+        if self.decoder is not None and prefix_len:
+            self.decoder.prefill_shared(input_ids[:1, :prefix_len], room)
+            step_ids = input_ids[:, prefix_len:]
         for _ in range(longest):
             logits = forward.logits(step_ids, attention, room).float()
             if grammar is not None:  # masks what the row's spec grammar forbids next
