@@ -94,13 +94,13 @@ def pack(
     Returns (input_ids, attention_mask, completion_start): the layout ``logprobs.sequence_logprobs``
     expects; the completion mask is ``attention_mask[:, completion_start:]``.
     """
-    width = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = shared_prefix_layout(prompts, 0, pad_id)  # prefix 0: plain left padding
+    width = prompt_ids.shape[1]
     length = width + max(max(len(c) for c in completions), 1)
     ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), length), dtype=torch.long)
-    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-        ids[row, width - len(p) : width] = torch.tensor(list(p), dtype=torch.long)
-        mask[row, width - len(p) : width] = 1
+    ids[:, :width], mask[:, :width] = prompt_ids, prompt_mask
+    for row, (_, c) in enumerate(zip(prompts, completions, strict=True)):
         if c:
             ids[row, width : width + len(c)] = torch.tensor(list(c), dtype=torch.long)
             mask[row, width : width + len(c)] = 1

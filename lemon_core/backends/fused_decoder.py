@@ -122,7 +122,9 @@ class KVRoom:
         rows, start, end = keys.shape[0], self.filled, self.filled + keys.shape[2]
         if end > self.keys[layer].shape[2]:
             raise ValueError(f"KVRoom holds {self.keys[layer].shape[2]} positions; this step needs {end}")
-        self.keys[layer][:, :, start:end].copy_(keys)  # broadcasts one row to all
+        if rows != self.keys[layer].shape[0] and not (rows == 1 and start == 0):  # only a prefix is shared
+            raise ValueError(f"KVRoom holds {self.keys[layer].shape[0]} rows; this step wrote {rows} at {start}")
+        self.keys[layer][:, :, start:end].copy_(keys)  # a shared prefix's one row is broadcast to every row
         self.values[layer][:, :, start:end].copy_(values)
         return self.keys[layer][:rows, :, :end], self.values[layer][:rows, :, :end]
 
@@ -141,7 +143,7 @@ class FusedDecoder:
 
     Holds its own fused copies of the projection weights (packed for oneDNN when ``pack``), with each RMSNorm's
     weight folded into the projection after it; the embedding is shared with ``model``. Call ``new_room`` once
-    per batch, then ``logits`` once per step."""
+    per batch (then ``prefill_shared`` when the prompts share a prefix), then ``logits`` once per step."""
 
     def __init__(self, model: nn.Module, pack: bool) -> None:
         refusal = fused_decoder_refusal(model)
@@ -242,8 +244,9 @@ class FusedDecoder:
 
 
 def token_positions(attention: torch.Tensor, new: int) -> torch.Tensor:
-    """Position ids ``[batch, new]`` of the last ``new`` tokens: a row's real tokens count from 0 after its left
-    padding (padding positions get 0)."""
+    """Position ids ``[batch, new]`` of the last ``new`` tokens: a row's real tokens count from 0, skipping its
+    padding (left padding, or padding between a shared prefix and the row's own tokens); a padding position gets
+    the position before it (0 at the left edge), which nothing reads since padding is masked."""
     return (attention.cumsum(-1) - 1).clamp(min=0)[:, -new:]
 
 

@@ -1,9 +1,10 @@
 """A batch's shared prompt prefix, laid out so that it is computed once per batch instead of once per row.
 
 Why: the prompts of one batch often start alike. Every orchestrator prompt is the same up to its task
-(``prompts.py`` puts the task last for this), and every agent prompt starts with the chat template's system
-turn (Qwen2.5's default system message is 24 tokens of a ~53-token prompt in ``bench/engines.py``). Running
-that prefix once and giving its keys and values to every row saves its share of the prompt pass.
+(``prompts.py`` puts the task last for this), and agent prompts share their system turn when their rows have
+the same system prompt (one role's calls across tasks) or none and the chat template adds a default one
+(Qwen2.5's default system message is 24 tokens of a ~53-token prompt in ``bench/engines.py``). Running that
+prefix once and giving its keys and values to every row saves its share of the prompt pass.
 
 Both samplers use these two functions: the orchestrator policy (``policy.OrchestratorPolicy._generate``, whose
 prefix cache is copied to every row) and the agents' CPU backend (``TransformersBackend`` over

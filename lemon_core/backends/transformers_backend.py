@@ -182,8 +182,9 @@ class TransformersBackend:
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
         t0 = time.perf_counter()
         prompts = [self.encode(r) for r in requests]
-        # The fused forward runs the prompts' shared prefix (the chat template's system turn, at least) once for
-        # the batch; transformers' forward (models the fused one does not cover) runs every row's whole prompt.
+        # The fused forward runs the prompts' shared prefix (the system turn, when the rows share one or the chat
+        # template adds a default one) once for the batch; transformers' forward (models the fused one does not
+        # cover) runs every row's whole prompt.
         prefix_len = shared_prefix_length(prompts) if self.decoder is not None else 0
         input_ids, attention = shared_prefix_layout(prompts, prefix_len, self.pad_id)
         n, width = input_ids.shape
@@ -197,7 +198,7 @@ class TransformersBackend:
         longest = max(r.max_tokens for r in requests)
         forward = self.decoder or _TransformersForward(self.model)
         room, step_ids = forward.new_room(n, width + longest), input_ids
-        if self.decoder is not None and prefix_len:
+        if self.decoder is not None and prefix_len and longest > 0:
             self.decoder.prefill_shared(input_ids[:1, :prefix_len], room)
             step_ids = input_ids[:, prefix_len:]
         for _ in range(longest):
