@@ -173,6 +173,23 @@ the default row is confirmed by a full run below. "cf - grpo" is paired, last 5 
   it is the one that keeps validity on both, with the best reward on both (0.25, run on the shipped family only, is
   within noise of it there: +0.022 ± 0.009 against +0.030 ± 0.012, and steers less).
 
+More edits per spec (2026-12-06, fourth session): K, the edits re-executed per sampled spec, is 2 by default (as
+in configs/train-gpu.yaml). The cf arm alone (`--arms grpo+cf --edits K`, seeds 0-15, one process each), merged
+with the full run's GRPO arm (33.81 ± 2.36 steps, 9 censored); shipped family, 40 steps, lr 2e-4:
+
+    cf arm              steps (censored)   ratio   valid cf/grpo  optimal share cf-grpo  expected reward cf-grpo
+    K = 2, ρ = 0.5      32.00 ± 2.34 (6)   0.946   1.00 / 1.00    +0.271 ± 0.045 (16)    +0.030 ± 0.012 (12)
+    K = 3, ρ = 0.5      28.81 ± 2.65 (5)   0.852   0.99 / 1.00    +0.382 ± 0.049 (16)    +0.037 ± 0.012 (13)
+    K = 4, ρ = 0.5      28.88 ± 2.66 (6)   0.854   0.97 / 1.00    +0.381 ± 0.052 (16)    +0.006 ± 0.031 (11)
+    K = 4, ρ = 0.25     30.44 ± 2.40 (5)   0.900   1.00 / 1.00    +0.301 ± 0.048 (16)    +0.036 ± 0.011 (13)
+
+More edits steer further (each spec's capacity fields get a contrast more often) and reach 90% of r* sooner, and
+the steps' s.e. (~2.5 per arm) makes 0.85 and 0.95 hard to tell apart with 16 seeds. K = 4 at ρ = 0.5 broke
+validity on two seeds (0.75 and 0.88 in the last 5 steps: the failure described above), which ρ = 0.25 prevents.
+K = 3 gives the best figures here, for 1.5x the re-executions of K = 2; issue #10's target (<= 0.75) is NOT
+reached with any of them. The bench and the configs keep K = 2: one simulated family and a tiny policy are too
+little to change what a GPU run pays per step.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
