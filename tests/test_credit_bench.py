@@ -296,3 +296,20 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
     assert sft(legacy, "simulated") == legacy / "sft-model" and len(trained) == 1
     with pytest.raises(SystemExit, match="give a new folder"):
         sft(legacy, priced)
+
+
+def test_the_ratio_interval_resamples_seeds_in_pairs(capsys: pytest.CaptureFixture) -> None:
+    """The bootstrap draws whole seeds (both arms): arms that differ by a constant factor on every seed give that
+    factor as both ends, however wide the spread between seeds; unpaired resampling would not. A mixed case
+    brackets the point ratio, and the summary prints the interval and the paired step difference."""
+    credit = _credit()
+    grpo = [10, 80, 20, 40]
+    assert credit.ratio_interval(grpo, [s // 2 for s in grpo]) == (0.5, 0.5)
+    cf = [12, 30, 20, 20]
+    low, high = credit.ratio_interval(grpo, cf)
+    assert low < sum(cf) / sum(grpo) < high and high - low > 0.1
+    assert credit.ratio_interval(grpo, cf) == (low, high)  # seeded: the same interval every run
+    credit.summarize({"grpo": [_fake_run(s) for s in grpo], "grpo+cf": [_fake_run(s) for s in cf]}, 80, 1)
+    out = capsys.readouterr().out
+    assert f"paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); ratio 95% interval [{low:.3f}, {high:.3f}]" in out
+    assert out.strip().splitlines()[-1] == "ratio=0.547"
