@@ -58,6 +58,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.baselines import cot, self_consistency  # noqa: E402
 from lemon_core.benchmarks import get  # noqa: E402
 from lemon_core.checkpoint import save_model_dir  # noqa: E402
@@ -158,6 +159,8 @@ def main() -> None:
     cfg = cfg.model_copy(update={"agent_max_tokens": args.agent_max_tokens})
     train, test, held = split_tasks(args.train, args.test, cfg.sft.eval_tasks)
     pool = load_train_pool(cfg)
+    if any(level.backend == "simulated" for level in pool.levels):  # a test or research pool: it needs the answers
+        register_examples([*train, *test, *held])
     levels = pool.level_names
     bench = get("multiarith")
     cache = ExecutionCache()
