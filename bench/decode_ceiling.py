@@ -1,0 +1,164 @@
+"""Where a CPU decoding step's time goes, against what its matrix-product kernel can do at all.
+
+Why: ``bench/engines.py`` puts lemon's transformers backend at parity with vLLM's CPU build at batch 32 (ratio
+0.998 on 2026-12-06), vLLM's decode ~6% faster and lemon's prefill faster. docs/gpu_check.md traces the rest of the
+gap (the products equal in both engines, shape by shape; everything else ~29 ms of a ~205 ms step; what was tried);
+this script repeats its two central figures on any machine, to say how much is left to win in the transformers
+route. It times
+
+1. the packed oneDNN product the backend runs (``PackedLinear``'s op, weights packed as the backend packs them) at
+   each projection shape of the model's fused decoder (qkv, o, gate_up, down, and the output head) and at 1, 32,
+   128 and 1024 rows, with random weights of those shapes (a product's time does not depend on the values), one
+   weight per layer called in turn as a step calls them (the same weight called again would stay in the cache);
+2. the fused decoder's decoding step at batch 32 on ``bench/engines.py``'s prompts (the model's real weights),
+   ``--steps`` steps after the prompt pass, the median of ``--rounds`` rounds;
+
+and prints the step's products (the 32-row times of step 1, summed over the layers) and the rest of the step
+(attention over the cache, norms, rotary, the greedy pick, Python). The last line is
+``ratio=<the products' GFLOP/s at 32 rows / the same kernel's best GFLOP/s at any row count>``: how close a
+decoding step's products run to what that kernel reaches with more rows per weight read.
+
+    python bench/decode_ceiling.py                  # Qwen2.5-Coder-0.5B from `lemon models pull`, ~2 min;
+                                                    # d766826 on the 2-core VM: step 246.3 ms, products 97% of
+                                                    # it, ratio=0.669 (docs/gpu_check.md, the last section)
+    python bench/decode_ceiling.py --model smollm2-135m-instruct
+
+Run it on an idle machine: a second process on the cores skews both parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engines import PROMPTS  # noqa: E402
+
+from lemon_core.backends.base import GenerationRequest  # noqa: E402
+from lemon_core.backends.packed_linear import PACK_FOR_ROWS  # noqa: E402
+from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length  # noqa: E402
+from lemon_core.backends.transformers_backend import TransformersBackend  # noqa: E402
+
+ROWS = (1, 32, 128, 1024)
+DECODE_ROWS = 32
+
+
+def seconds_per_pass(fn: Callable[[], object], passes: int = 3) -> float:
+    """Median time of ``passes`` calls of ``fn``, after one untimed call (weights paged in, kernels chosen)."""
+    fn()
+    times = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def projection_shapes(config: object) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each fused projection of one layer, and of the output head."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden), "o": (hidden, heads * head_dim),
+            "gate_up": (2 * config.intermediate_size, hidden), "down": (hidden, config.intermediate_size),
+            "head": (config.vocab_size, hidden)}
+
+
+def product_times(shapes: dict[str, tuple[int, int]], layers: int) -> dict[str, dict[int, float]]:
+    """Seconds per packed product, by projection and row count.
+
+    Each layer shape is timed over ``layers`` distinct weights called in turn, as a decoding step reads them: one
+    weight called again and again would stay in the cache (qkv's is 4 MB) and time a product the step never runs."""
+    op = torch.ops.mkldnn._linear_pointwise
+    times: dict[str, dict[int, float]] = {}
+    for name, (out_features, in_features) in shapes.items():
+        copies = 1 if name == "head" else layers
+        weights = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(out_features, in_features) * 0.02,
+                                                            PACK_FOR_ROWS) for _ in range(copies)]
+        times[name] = {}
+        for rows in ROWS:
+            x = torch.randn(rows, in_features)
+
+            def one_pass(x: torch.Tensor = x, weights: list[torch.Tensor] = weights) -> None:
+                for weight in weights:
+                    op(x, weight, None, "none", [], "")
+
+            times[name][rows] = seconds_per_pass(one_pass) / copies
+        del weights
+    return times
+
+
+def decode_step_seconds(backend: TransformersBackend, steps: int, rounds: int) -> float:
+    """Median over ``rounds`` of the mean time of a greedy decoding step at batch 32 (the backend's own layout)."""
+    decoder = backend.decoder
+    prompts = [backend.encode(GenerationRequest.chat(None, p)) for p in PROMPTS[:DECODE_ROWS]]
+    prefix = shared_prefix_length(prompts)
+    ids, attention = shared_prefix_layout(prompts, prefix, backend.pad_id)
+
+    def one_round() -> float:
+        room = decoder.new_room(len(prompts), ids.shape[1] + steps + 1)
+        if prefix:
+            decoder.prefill_shared(ids[:1, :prefix], room)
+        mask, logits = attention, decoder.logits(ids[:, prefix:], attention, room)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            picks = logits.max(-1).indices.unsqueeze(1)  # the backend's greedy pick
+            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], 1)
+            logits = decoder.logits(picks, mask, room)
+        return (time.perf_counter() - t0) / steps
+
+    one_round()  # untimed: first-touch page faults of this batch's activations
+    return statistics.median(one_round() for _ in range(rounds))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a `lemon models` alias or a local path")
+    ap.add_argument("--steps", type=int, default=64, help="decoding steps a round (the cache grows by one a step)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --steps; the median is reported")
+    args = ap.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        ap.error(f"--steps and --rounds must be >= 1 (got {args.steps}, {args.rounds})")
+
+    backend = TransformersBackend(args.model, max_batch_size=DECODE_ROWS)
+    if backend.decoder is None or not backend.packed_linear_layers:
+        raise SystemExit(f"{args.model}: the backend runs no fused decoder on packed weights here (fp32 on a CPU "
+                         f"with oneDNN, a Llama or Qwen2 model); nothing to measure")
+    config, layers = backend.model.config, backend.model.config.num_hidden_layers
+    shapes = projection_shapes(config)
+    print(f"model={args.model} layers={layers} threads={torch.get_num_threads()} "
+          f"shapes={ {k: v for k, v in shapes.items()} }", flush=True)
+
+    times = product_times(shapes, layers)
+    best = 0.0
+    for name, (out_features, in_features) in shapes.items():
+        cells = []
+        for rows, s in times[name].items():
+            gflops = 2 * rows * out_features * in_features / s / 1e9
+            best = max(best, gflops)
+            cells.append(f"{rows} rows {s * 1e3:7.2f} ms {gflops:6.1f} GFLOP/s")
+        print(f"{name:8s} " + " | ".join(cells), flush=True)
+
+    step = decode_step_seconds(backend, args.steps, args.rounds)
+    per_layer = sum(times[name][DECODE_ROWS] for name in ("qkv", "o", "gate_up", "down"))
+    products = layers * per_layer + times["head"][DECODE_ROWS]
+    flops = 2 * DECODE_ROWS * (layers * sum(o * i for k, (o, i) in shapes.items() if k != "head")
+                               + shapes["head"][0] * shapes["head"][1])
+    print(f"decoding step, batch {DECODE_ROWS}: {step * 1e3:.1f} ms = products {products * 1e3:.1f} ms "
+          f"({products / step:.0%}) + the rest {(step - products) * 1e3:.1f} ms ({1 - products / step:.0%}); "
+          f"{DECODE_ROWS / step:.1f} tok/s, {DECODE_ROWS / products:.1f} tok/s with nothing but the products")
+    print(f"products at {DECODE_ROWS} rows: {flops / products / 1e9:.1f} GFLOP/s; the kernel's best here: "
+          f"{best:.1f} GFLOP/s")
+    print(f"ratio={flops / products / 1e9 / best:.3f}")
+
+
+if __name__ == "__main__":
+    main()
