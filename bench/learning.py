@@ -26,7 +26,9 @@ Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row s
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py                     # all six methods: 29 min 48 s on 2 idle cores (df56b80,
+    python bench/learning.py                     # all six methods: 35 min 32 s on a fresh clone of d766826
+                                                 # (2026-12-06, session 21, a slower day), the same figures;
+                                                 # 29 min 48 s on 2 idle cores (df56b80,
                                                  # 2026-12-06, span-term cap 0.5; 27 min 42 s at 55f669f, cap 2;
                                                  # both the same figures as below, sc3@large 0.583)
     python bench/learning.py --skip sc3@large    # 17 min on 2 idle cores (train 32, sweep 16, test 60, 3 steps;
