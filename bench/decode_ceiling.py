@@ -13,10 +13,12 @@ route. It times
 2. the fused decoder's decoding step at batch 32 on ``bench/engines.py``'s prompts (the model's real weights),
    ``--steps`` steps after the prompt pass, the median of ``--rounds`` rounds;
 
-and prints the step's products (the 32-row times of step 1, summed over the layers) and the rest of the step
-(attention over the cache, norms, rotary, the greedy pick, Python). The last line is
-``ratio=<the products' GFLOP/s at 32 rows / the same kernel's best GFLOP/s at any row count>``: how close a
-decoding step's products run to what that kernel reaches with more rows per weight read.
+and prints, per row count, a step's products as one figure (each shape weighted by its share of the step's
+arithmetic), then the step split into its products (the 32-row times of step 1, summed over the layers) and the rest
+(attention over the cache, norms, rotary, the greedy pick, the decoder's Python; not the backend loop's per-row
+bookkeeping, ~4 ms a step in docs/gpu_check.md). Products run without bias (Qwen2's qkv has one: 1152 additions a row).
+The last line is ``ratio=<a step's products' GFLOP/s at 32 rows / theirs at the best row count>``: how close a
+decoding step's products run to what the same products reach with more rows per weight read.
 
     python bench/decode_ceiling.py                  # Qwen2.5-Coder-0.5B from `lemon models pull`, ~2 min;
                                                     # d766826 on the 2-core VM: step 246.3 ms, products 97% of
@@ -34,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engines import PROMPTS  # noqa: E402
 
-from lemon_core.backends.base import GenerationRequest  # noqa: E402
+from lemon_core.backends.base import BackendError, GenerationRequest  # noqa: E402
 from lemon_core.backends.packed_linear import PACK_FOR_ROWS  # noqa: E402
 from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length  # noqa: E402
 from lemon_core.backends.transformers_backend import TransformersBackend  # noqa: E402
@@ -62,7 +65,7 @@ def seconds_per_pass(fn: Callable[[], object], passes: int = 3) -> float:
     return statistics.median(times)
 
 
-def projection_shapes(config: object) -> dict[str, tuple[int, int]]:
+def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of each fused projection of one layer, and of the output head."""
     hidden, heads = config.hidden_size, config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -119,6 +122,11 @@ def decode_step_seconds(backend: TransformersBackend, steps: int, rounds: int) -
     return statistics.median(one_round() for _ in range(rounds))
 
 
+def step_products(times: dict[str, dict[int, float]], layers: int, rows: int) -> float:
+    """Seconds of one step's products at ``rows`` rows: every layer's four, then the head."""
+    return layers * sum(times[name][rows] for name in ("qkv", "o", "gate_up", "down")) + times["head"][rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a `lemon models` alias or a local path")
@@ -128,36 +136,37 @@ def main() -> None:
     if args.steps < 1 or args.rounds < 1:
         ap.error(f"--steps and --rounds must be >= 1 (got {args.steps}, {args.rounds})")
 
-    backend = TransformersBackend(args.model, max_batch_size=DECODE_ROWS)
+    try:
+        backend = TransformersBackend(args.model, max_batch_size=DECODE_ROWS)
+    except BackendError as e:
+        raise SystemExit(f"--model {args.model}: {e}") from None
     if backend.decoder is None or not backend.packed_linear_layers:
         raise SystemExit(f"{args.model}: the backend runs no fused decoder on packed weights here (fp32 on a CPU "
                          f"with oneDNN, a Llama or Qwen2 model); nothing to measure")
-    config, layers = backend.model.config, backend.model.config.num_hidden_layers
-    shapes = projection_shapes(config)
-    print(f"model={args.model} layers={layers} threads={torch.get_num_threads()} "
-          f"shapes={ {k: v for k, v in shapes.items()} }", flush=True)
+    layers = backend.model.config.num_hidden_layers
+    shapes = projection_shapes(backend.model.config)
+    print(f"model={args.model} layers={layers} threads={torch.get_num_threads()} shapes={shapes}", flush=True)
 
     times = product_times(shapes, layers)
-    best = 0.0
     for name, (out_features, in_features) in shapes.items():
-        cells = []
-        for rows, s in times[name].items():
-            gflops = 2 * rows * out_features * in_features / s / 1e9
-            best = max(best, gflops)
-            cells.append(f"{rows} rows {s * 1e3:7.2f} ms {gflops:6.1f} GFLOP/s")
+        cells = [f"{rows} rows {s * 1e3:7.2f} ms {2 * rows * out_features * in_features / s / 1e9:6.1f} GFLOP/s"
+                 for rows, s in times[name].items()]
         print(f"{name:8s} " + " | ".join(cells), flush=True)
+    # A step's products as one figure per row count, each shape weighted by its share of the step's arithmetic
+    flops_per_row = 2 * (layers * sum(o * i for k, (o, i) in shapes.items() if k != "head")
+                         + shapes["head"][0] * shapes["head"][1])
+    rates = {rows: rows * flops_per_row / step_products(times, layers, rows) / 1e9 for rows in ROWS}
+    best_rows = max(rates, key=rates.__getitem__)
+    print("a step's products: " + " | ".join(f"{rows} rows {rate:.1f} GFLOP/s" for rows, rate in rates.items()))
 
     step = decode_step_seconds(backend, args.steps, args.rounds)
-    per_layer = sum(times[name][DECODE_ROWS] for name in ("qkv", "o", "gate_up", "down"))
-    products = layers * per_layer + times["head"][DECODE_ROWS]
-    flops = 2 * DECODE_ROWS * (layers * sum(o * i for k, (o, i) in shapes.items() if k != "head")
-                               + shapes["head"][0] * shapes["head"][1])
+    products = step_products(times, layers, DECODE_ROWS)
     print(f"decoding step, batch {DECODE_ROWS}: {step * 1e3:.1f} ms = products {products * 1e3:.1f} ms "
           f"({products / step:.0%}) + the rest {(step - products) * 1e3:.1f} ms ({1 - products / step:.0%}); "
           f"{DECODE_ROWS / step:.1f} tok/s, {DECODE_ROWS / products:.1f} tok/s with nothing but the products")
-    print(f"products at {DECODE_ROWS} rows: {flops / products / 1e9:.1f} GFLOP/s; the kernel's best here: "
-          f"{best:.1f} GFLOP/s")
-    print(f"ratio={flops / products / 1e9 / best:.3f}")
+    print(f"products at {DECODE_ROWS} rows: {rates[DECODE_ROWS]:.1f} GFLOP/s; at their best ({best_rows} rows): "
+          f"{rates[best_rows]:.1f} GFLOP/s")
+    print(f"ratio={rates[DECODE_ROWS] / rates[best_rows]:.3f}")
 
 
 if __name__ == "__main__":

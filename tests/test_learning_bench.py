@@ -7,6 +7,7 @@ is evaluated on the same test examples, that the files and the last line agree w
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -68,12 +69,14 @@ def test_the_test_split_is_fixed_and_disjoint_from_training_and_held_out_questio
 
 
 def _run(*args: str) -> str:
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), *args],
-                          capture_output=True, text=True, timeout=600)
+    # one thread: two competing for a busy machine's two cores were several times slower (the README, "CPU speed")
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "learning.py"), *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
+@pytest.mark.slow
 def test_quick_run_scores_every_method_on_the_same_examples_and_its_files_agree(tmp_path: Path) -> None:
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG.format(model=build_tiny_chat_model(tmp_path / "tiny", seed=0)))
@@ -103,6 +106,9 @@ def test_quick_run_scores_every_method_on_the_same_examples_and_its_files_agree(
     assert len(table) == 2 + len(rows) and table[2].startswith("| cot@small | ")
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {p.name for p in (out / "traces").iterdir()} == set(rows)
+    examples = {method: [json.loads(line)["id"] for line in (out / "traces" / method / "traces.jsonl").open()]
+                for method in rows}
+    assert len(set(map(tuple, examples.values()))) == 1 and len(examples["lemon"]) == 16  # the same 16, in order
 
     # --only adds SC(3)@large's row to that run and keeps the others and the SFT figures
     _run("--config", str(config), "--quick", "--only", "sc3@large", "--out", str(out))
