@@ -42,10 +42,15 @@ def _randomised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def _assert_same_logits(fused: torch.Tensor, reference: torch.Tensor) -> None:
-    """Equal up to fp32 summation order: 2e-5 of the logits' scale (a wrong norm fold, bias or head is O(scale))."""
+    """Equal up to fp32 summation order: 5e-5 of the logits' scale (a wrong norm fold, bias or head is O(scale)).
+
+    Why 5e-5 and not less: on an AMD EPYC machine (2026-12-06) one row of the shared-prefix test differed by 2.4e-5
+    of the scale. Against the same model in fp64 that row is ill-conditioned for both fp32 paths: the model's own
+    fp32 forward is 2.0e-4 off at the prompt pass, the fused one 0.8-2.9e-4 over three steps, the other rows
+    1-4e-5, with the prefix shared or not (the same figures) and on unpacked weights too (1.9e-5-1.3e-4)."""
     assert fused.shape == reference.shape
     scale = float(reference.abs().max())
-    assert float((fused - reference).abs().max()) <= 2e-5 * max(scale, 1.0), (scale, (fused - reference).abs().max())
+    assert float((fused - reference).abs().max()) <= 5e-5 * max(scale, 1.0), (scale, (fused - reference).abs().max())
 
 
 def _decode_side_by_side(model: torch.nn.Module, prompts: list[list[int]], steps: int) -> None:
