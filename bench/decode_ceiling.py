@@ -21,8 +21,8 @@ The last line is ``ratio=<a step's products' GFLOP/s at 32 rows / theirs at the 
 decoding step's products run to what the same products reach with more rows per weight read.
 
     python bench/decode_ceiling.py                  # Qwen2.5-Coder-0.5B from `lemon models pull`, ~2 min;
-                                                    # d766826 on the 2-core VM: step 246.3 ms, products 97% of
-                                                    # it, ratio=0.669 (docs/gpu_check.md, the last section)
+                                                    # d766826 on a 2-core VM: step 246.3 ms, products 97% of
+                                                    # it, 132.4 of 185.4 GFLOP/s (0.714; docs/gpu_check.md)
     python bench/decode_ceiling.py --model smollm2-135m-instruct
 
 Run it on an idle machine: a second process on the cores skews both parts.
