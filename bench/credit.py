@@ -213,6 +213,18 @@ summary prints it since, with the paired difference in steps: ``ratio_interval``
   the GPU config's value, so that it measures what ships; `--edits 3` runs the K = 3 row (~31 min for 16 seeds in
   two processes at 80 steps).
 
+  Sixteen new seeds at the shipped K = 2 (`--first-seed 16` and `24`, `--seeds 8` each, both arms, 80 steps;
+  2026-12-06 at 66f77e8, ~50 min in two processes on a slower VM):
+
+    seeds   grpo steps (cens.)   cf steps (cens.)    ratio [95% CI]         paired cf - grpo steps
+    16-31   58.50 ± 5.85 (7)     49.12 ± 5.79 (3)    0.840 [0.68, 0.996]    -9.38 ± 5.34
+
+  Per seed (grpo / cf, 81 = never): 16: 51/45, 17: 30/41, 18: 62/53, 19: 81/81, 20: 81/81, 21: 44/68, 22: 81/60,
+  23: 29/15, 24: 28/28, 25: 40/40, 26: 64/57, 27: 81/17, 28: 81/31, 29: 21/19, 30: 81/81, 31: 81/69. Last 5 steps,
+  paired: optimal share +0.201 ± 0.058 (cf ahead 14/16), expected reward -0.005 ± 0.023 (8/16), P(optimal spec)
+  +0.127 ± 0.034 (14/16); valid 0.94 (cf) / 0.97 (grpo). Seeds 0-15's 0.818 replicates; over all 32 seeds the
+  means give 43.66 vs 52.60 steps, 0.830. The target (<= 0.75) is NOT reached at K = 2.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
