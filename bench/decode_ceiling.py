@@ -21,8 +21,9 @@ The last line is ``ratio=<a step's products' GFLOP/s at 32 rows / theirs at the 
 decoding step's products run to what the same products reach with more rows per weight read.
 
     python bench/decode_ceiling.py                  # Qwen2.5-Coder-0.5B from `lemon models pull`, ~2 min;
-                                                    # d766826 on a 2-core VM: step 246.3 ms, products 97% of
-                                                    # it, 132.4 of 185.4 GFLOP/s (0.714; docs/gpu_check.md)
+                                                    # 8bf59f6 on a 2-core VM, two runs: step 237.9 / 219.7 ms,
+                                                    # products 79 / 87% of it, ratio=0.871 / 0.826 (a noisy VM:
+                                                    # docs/gpu_check.md has a third run that differed)
     python bench/decode_ceiling.py --model smollm2-135m-instruct
 
 Run it on an idle machine: a second process on the cores skews both parts.
