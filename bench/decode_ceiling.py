@@ -7,16 +7,16 @@ this script repeats its two central figures on any machine, to say how much is l
 route. It times
 
 1. the packed oneDNN product the backend runs (``PackedLinear``'s op, weights packed as the backend packs them) at
-   each projection shape of the model's fused decoder (qkv, o, gate_up, down, and the output head) and at 1, 32,
-   128 and 1024 rows, with random weights of those shapes (a product's time does not depend on the values), one
-   weight per layer called in turn as a step calls them (the same weight called again would stay in the cache);
+   each projection of the model's fused decoder (qkv, o, gate_up, down, and the output head) and at 1, 32, 128 and
+   1024 rows, on the decoder's own packed weights, every layer's called in turn as a step calls them (the same
+   weight called again would stay in the cache);
 2. the fused decoder's decoding step at batch 32 on ``bench/engines.py``'s prompts (the model's real weights),
    ``--steps`` steps after the prompt pass, the median of ``--rounds`` rounds;
 
 and prints, per row count, a step's products as one figure (each shape weighted by its share of the step's
 arithmetic), then the step split into its products (the 32-row times of step 1, summed over the layers) and the rest
 (attention over the cache, norms, rotary, the greedy pick, the decoder's Python; not the backend loop's per-row
-bookkeeping, ~4 ms a step in docs/gpu_check.md). Products run without bias (Qwen2's qkv has one: 1152 additions a row).
+bookkeeping, ~4 ms a step in docs/gpu_check.md). Products run with their biases, as in the step.
 The last line is ``ratio=<a step's products' GFLOP/s at 32 rows / theirs at the best row count>``: how close a
 decoding step's products run to what the same products reach with more rows per weight read.
 
@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -47,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engines import PROMPTS  # noqa: E402
 
 from lemon_core.backends.base import BackendError, GenerationRequest  # noqa: E402
-from lemon_core.backends.packed_linear import PACK_FOR_ROWS  # noqa: E402
+from lemon_core.backends.fused_decoder import FusedDecoder  # noqa: E402
+from lemon_core.backends.packed_linear import PackedLinear  # noqa: E402
 from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length  # noqa: E402
 from lemon_core.backends.transformers_backend import TransformersBackend  # noqa: E402
 
@@ -66,37 +66,29 @@ def seconds_per_pass(fn: Callable[[], object], passes: int = 3) -> float:
     return statistics.median(times)
 
 
-def projection_shapes(config: Any) -> dict[str, tuple[int, int]]:
-    """(out_features, in_features) of each fused projection of one layer, and of the output head."""
-    hidden, heads = config.hidden_size, config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden), "o": (hidden, heads * head_dim),
-            "gate_up": (2 * config.intermediate_size, hidden), "down": (hidden, config.intermediate_size),
-            "head": (config.vocab_size, hidden)}
+def step_projections(decoder: FusedDecoder) -> dict[str, list[PackedLinear]]:
+    """The decoder's own packed projections, by kind, in the order a step calls them: each layer's, then the head."""
+    projections = {name: [getattr(layer, name) for layer in decoder.layers] for name in ("qkv", "o", "gate_up", "down")}
+    return {**projections, "head": [decoder.head]}
 
 
-def product_times(shapes: dict[str, tuple[int, int]], layers: int) -> dict[str, dict[int, float]]:
-    """Seconds per packed product, by projection and row count.
+def product_times(projections: dict[str, list[PackedLinear]]) -> dict[str, dict[int, float]]:
+    """Seconds per product, by projection kind and row count.
 
-    Each layer shape is timed over ``layers`` distinct weights called in turn, as a decoding step reads them: one
-    weight called again and again would stay in the cache (qkv's is 4 MB) and time a product the step never runs."""
-    op = torch.ops.mkldnn._linear_pointwise
+    Each kind is timed over every layer's weight called in turn, as a decoding step reads them: one weight called
+    again and again would stay in the cache (qkv's is 4 MB) and time a product the step never runs."""
     times: dict[str, dict[int, float]] = {}
-    for name, (out_features, in_features) in shapes.items():
-        copies = 1 if name == "head" else layers
-        weights = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(out_features, in_features) * 0.02,
-                                                            PACK_FOR_ROWS) for _ in range(copies)]
-        times[name] = {}
-        for rows in ROWS:
-            x = torch.randn(rows, in_features)
+    with torch.no_grad():
+        for name, layers in projections.items():
+            times[name] = {}
+            for rows in ROWS:
+                x = torch.randn(rows, layers[0].in_features)
 
-            def one_pass(x: torch.Tensor = x, weights: list[torch.Tensor] = weights) -> None:
-                for weight in weights:
-                    op(x, weight, None, "none", [], "")
+                def one_pass(x: torch.Tensor = x, layers: list[PackedLinear] = layers) -> None:
+                    for projection in layers:
+                        projection(x)
 
-            times[name][rows] = seconds_per_pass(one_pass) / copies
-        del weights
+                times[name][rows] = seconds_per_pass(one_pass) / len(layers)
     return times
 
 
@@ -144,18 +136,19 @@ def main() -> None:
     if backend.decoder is None or not backend.packed_linear_layers:
         raise SystemExit(f"{args.model}: the backend runs no fused decoder on packed weights here (fp32 on a CPU "
                          f"with oneDNN, a Llama or Qwen2 model); nothing to measure")
-    layers = backend.model.config.num_hidden_layers
-    shapes = projection_shapes(backend.model.config)
+    projections = step_projections(backend.decoder)
+    layers = len(backend.decoder.layers)
+    shapes = {name: (kind[0].out_features, kind[0].in_features) for name, kind in projections.items()}
     print(f"model={args.model} layers={layers} threads={torch.get_num_threads()} shapes={shapes}", flush=True)
 
-    times = product_times(shapes, layers)
+    times = product_times(projections)
     for name, (out_features, in_features) in shapes.items():
         cells = [f"{rows} rows {s * 1e3:7.2f} ms {2 * rows * out_features * in_features / s / 1e9:6.1f} GFLOP/s"
                  for rows, s in times[name].items()]
         print(f"{name:8s} " + " | ".join(cells), flush=True)
     # A step's products as one figure per row count, each shape weighted by its share of the step's arithmetic
-    flops_per_row = 2 * (layers * sum(o * i for k, (o, i) in shapes.items() if k != "head")
-                         + shapes["head"][0] * shapes["head"][1])
+    flops_per_row = 2 * sum(len(kind) * o * i for kind, (o, i) in zip(projections.values(), shapes.values(),
+                                                                         strict=True))
     rates = {rows: rows * flops_per_row / step_products(times, layers, rows) / 1e9 for rows in ROWS}
     best_rows = max(rates, key=rates.__getitem__)
     print("a step's products: " + " | ".join(f"{rows} rows {rate:.1f} GFLOP/s" for rows, rate in rates.items()))
