@@ -278,7 +278,7 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
 
     monkeypatch.setattr(credit, "train", fake_sft)
     args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
-                              sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1)
+                              sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1, level_tokens="whole")
     priced = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
 
     def sft(cache: Path, pool: str, **changes: object) -> Path:
@@ -287,15 +287,40 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
 
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1  # reused
-    for pool, changes in (("simulated", {}), (priced, {"sft_steps": 100}), (priced, {"sft_seed": 1})):
+    for pool, changes in (("simulated", {}), (priced, {"sft_steps": 100}), (priced, {"sft_seed": 1}),
+                          (priced, {"level_tokens": "split"})):
         with pytest.raises(SystemExit, match="give a new folder"):
             sft(tmp_path / "priced", pool, **changes)
 
-    legacy = tmp_path / "legacy"  # a cache from before the marker: trained on the shipped pool
+    legacy = tmp_path / "legacy"  # a cache from before the marker: the shipped pool, the split tokenizer
     (legacy / "sft-model").mkdir(parents=True)
-    assert sft(legacy, "simulated") == legacy / "sft-model" and len(trained) == 1
-    with pytest.raises(SystemExit, match="give a new folder"):
-        sft(legacy, priced)
+    assert sft(legacy, "simulated", level_tokens="split") == legacy / "sft-model" and len(trained) == 1
+    for pool, changes in ((priced, {"level_tokens": "split"}), ("simulated", {})):
+        with pytest.raises(SystemExit, match="give a new folder"):
+            sft(legacy, pool, **changes)
+
+
+def test_the_policy_writes_each_capacity_level_as_one_token_as_real_tokenizers_do(tmp_path: Path) -> None:
+    """The span term acts on the capacity value's tokens. Split into character tokens (the tiny tokenizer's own
+    merges), those tokens are shared with the role and duty text, so a span's advantage moves them too; Qwen2.5's
+    and SmolLM2's tokenizers write ' small', ' medium' and ' large' as one token each, and so does the bench's."""
+    from transformers import AutoTokenizer
+
+    credit = _credit()
+    text = spec_completion(credit.solve_check_spec("large", "small")) + spec_completion(
+        credit.solve_check_spec("medium", "medium"))
+    for level_tokens in ("whole", "split"):
+        path = build_tiny_chat_model(tmp_path / level_tokens, seed=0, whole_words=credit.level_words(level_tokens))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        pieces = [tokenizer.decode([i]) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+        assert "".join(pieces) == text
+        levels = [p for p in pieces if p.strip() in credit.LEVELS]
+        if level_tokens == "whole":
+            assert levels == [" large", " small", " medium", " medium"]
+        else:
+            assert levels == [] and "l" in pieces
+    with pytest.raises(ValueError, match="raise it"):
+        build_tiny_chat_model(tmp_path / "few", whole_words=(" large", " medium", " small"), vocab_size=262)
 
 
 def test_the_ratio_interval_resamples_seeds_in_pairs(capsys: pytest.CaptureFixture) -> None:

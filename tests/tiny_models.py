@@ -38,6 +38,7 @@ def build_tiny_chat_model(
     num_layers: int = 2,
     vocab_size: int = 384,
     kv_heads: int = 1,
+    whole_words: tuple[str, ...] = (),
 ) -> Path:
     """Train a byte-level BPE tokenizer, build a random-weight causal LM, save both to ``path``.
 
@@ -45,6 +46,11 @@ def build_tiny_chat_model(
     vLLM. ``arch`` is ``qwen2`` or ``llama``. Attention heads are of size 64 (``hidden_size // 64`` of them)
     because vLLM's CPU attention kernels only accept common head sizes (64 is one); ``kv_heads`` key/value
     heads are shared by them (grouped-query attention). Same ``seed`` -> same weights.
+
+    ``whole_words``: words (with their leading space, e.g. ``" large"``) the tokenizer must write as ONE token each,
+    as real tokenizers write common words: the tokenizer is trained on a corpus that repeats them, and a word that
+    still splits raises ``ValueError``. Without them a word like ``large`` is a run of character tokens shared with
+    all other text (bench/credit.py says why that matters there).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -68,7 +74,12 @@ def build_tiny_chat_model(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_CORPUS.splitlines() * 4, trainer=trainer)
+    # each whole word repeated often enough that its merges come before the corpus's own
+    repeated = [("".join(whole_words) + "\n") * 8] * 64 if whole_words else []
+    bpe.train_from_iterator(_CORPUS.splitlines() * 4 + repeated, trainer=trainer)
+    split = [w for w in whole_words if len(bpe.encode(w).ids) != 1]
+    if split:
+        raise ValueError(f"whole_words {split} still take several tokens at vocab_size={vocab_size}: raise it")
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token=None, eos_token=IM_END, pad_token=EOT, unk_token=EOT
     )
