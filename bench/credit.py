@@ -263,7 +263,12 @@ re-run, since the SFT model changes with the tokenizer (K = 2, 80 steps, seeds 0
   optimal pair). The priced family, where neither arm came near 90% of r* in 40 steps,
   is now learnt by both, mostly within 12-41 steps: plain GRPO's group term finds the optimal pair there about as
   fast, so the steps ratio is 0.99. Validity: 0.98 and 0.99 in the cf arm against 1.00; one shipped seed (4) still
-  fell to 0.80 in its last 5 steps (not examined further). Issue #10's target (ratio <= 0.75) is NOT reached:
+  fell to 0.80 in its last 5 steps. Re-run alone with its work folder kept (deterministic: the same figures), its
+  broken specs are a third agent after the checker, `- id: a3` with `role: small` (the level token, written as a
+  role) or garbage (`role: verd```Se:itast_o`), running to --max-new-tokens: 43 of 252 samples in steps 60-80, all
+  truncated, six at a time (every sample of one task's group at 7 of those steps), none before step 56. A guess, not
+  measured: the span term keeps raising the ` small` token, whose logit rises in every position of this 2-layer,
+  64-wide policy, not only at the capacity field. Issue #10's target (ratio <= 0.75) is NOT reached:
   0.844 [0.71, 0.96] on the shipped family, 0.991 on the priced one. What the bench does show, at the shipped K = 2,
   is the span term's own job: more of the sampled specs at the pair whose agents need different capacities (cf
   ahead on 16 of 16 seeds) and a higher expected reward (+0.040 ± 0.024, 14 of 16).
