@@ -266,7 +266,7 @@ re-run, since the SFT model changes with the tokenizer (K = 2, 80 steps, seeds 0
   fell to 0.80 in its last 5 steps. Re-run alone with its work folder kept (deterministic: the same figures), its
   broken specs are a third agent after the checker, `- id: a3` with `role: small` (the level token, written as a
   role) or garbage (`role: verd```Se:itast_o`), running to --max-new-tokens: 43 of 252 samples in steps 60-80, all
-  truncated, six at a time (every sample of one task's group at 7 of those steps), none before step 56. A guess, not
+  truncated, six at a time (every sample of one task's group at 7 of those steps), none before step 54. A guess, not
   measured: the span term keeps raising the ` small` token, whose logit rises in every position of this 2-layer,
   64-wide policy, not only at the capacity field. Issue #10's target (ratio <= 0.75) is NOT reached:
   0.844 [0.71, 0.96] on the shipped family, 0.991 on the priced one. What the bench does show, at the shipped K = 2,
