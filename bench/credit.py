@@ -534,10 +534,10 @@ def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, ar
     base = base_config(model, where, args.sft_seed, args, teacher, pool_source)
     wanted, marker = sft_marker(pool_source, args), where / "sft-marker.json"
     if (where / "sft-model").exists():
-        # a cache from before the marker (2026-12-06) was trained on the shipped pool, its SFT settings unrecorded;
-        # one from before --level-tokens, with the split tokenizer
-        known = {"level_tokens": "split", **(json.loads(marker.read_text()) if marker.exists() else {
-            **wanted, "levels": sft_marker("simulated", args)["levels"], "level_tokens": "split"})}
+        if marker.exists():  # a marker from before --level-tokens: the split tokenizer
+            known = {"level_tokens": "split", **json.loads(marker.read_text())}
+        else:  # a cache from before the marker (2026-12-06): the shipped pool, the split tokenizer, SFT unrecorded
+            known = {**wanted, "levels": sft_marker("simulated", args)["levels"], "level_tokens": "split"}
         if known != wanted:
             raise SystemExit(f"--sft-cache {where}: its SFT model was trained with {known}, this run needs {wanted}; "
                              "give a new folder")

@@ -115,9 +115,9 @@ def decode_step_seconds(backend: TransformersBackend, steps: int, rounds: int) -
     return statistics.median(one_round() for _ in range(rounds))
 
 
-def step_products(times: dict[str, dict[int, float]], layers: int, rows: int) -> float:
-    """Seconds of one step's products at ``rows`` rows: every layer's four, then the head."""
-    return layers * sum(times[name][rows] for name in ("qkv", "o", "gate_up", "down")) + times["head"][rows]
+def step_products(times: dict[str, dict[int, float]], projections: dict[str, list[PackedLinear]], rows: int) -> float:
+    """Seconds of one step's products at ``rows`` rows: each kind's time per product times how many a step calls."""
+    return sum(len(kind) * times[name][rows] for name, kind in projections.items())
 
 
 def main() -> None:
@@ -147,14 +147,13 @@ def main() -> None:
                  for rows, s in times[name].items()]
         print(f"{name:8s} " + " | ".join(cells), flush=True)
     # A step's products as one figure per row count, each shape weighted by its share of the step's arithmetic
-    flops_per_row = 2 * sum(len(kind) * o * i for kind, (o, i) in zip(projections.values(), shapes.values(),
-                                                                         strict=True))
-    rates = {rows: rows * flops_per_row / step_products(times, layers, rows) / 1e9 for rows in ROWS}
+    flops_per_row = 2 * sum(p.out_features * p.in_features for kind in projections.values() for p in kind)
+    rates = {rows: rows * flops_per_row / step_products(times, projections, rows) / 1e9 for rows in ROWS}
     best_rows = max(rates, key=rates.__getitem__)
     print("a step's products: " + " | ".join(f"{rows} rows {rate:.1f} GFLOP/s" for rows, rate in rates.items()))
 
     step = decode_step_seconds(backend, args.steps, args.rounds)
-    products = step_products(times, layers, DECODE_ROWS)
+    products = step_products(times, projections, DECODE_ROWS)
     print(f"decoding step, batch {DECODE_ROWS}: {step * 1e3:.1f} ms = products {products * 1e3:.1f} ms "
           f"({products / step:.0%}) + the rest {(step - products) * 1e3:.1f} ms ({1 - products / step:.0%}); "
           f"{DECODE_ROWS / step:.1f} tok/s, {DECODE_ROWS / products:.1f} tok/s with nothing but the products")
