@@ -7,6 +7,8 @@ wrong one rarely at every size). A tiny local policy is SFT-warmed on solver -> 
 capacities are uniform over the 9 pairs, so what is left to learn is which capacity goes to which agent.
 The group advantage rewards a whole spec; only the span term can say "the solver's `large` was right,
 the checker's `medium` was not".
+``--checkers N`` chains N checkers after the solver (N + 1 capacities to get right; measured with 3 at the end
+of the measurements below).
 
 Per seed, SFT runs once; both arms start from that model and differ only in the counterfactual term:
 the same tasks, samples per task, steps, optimizer and advantage function. The GRPO arm samples no
@@ -273,6 +275,44 @@ re-run, since the SFT model changes with the tokenizer (K = 2, 80 steps, seeds 0
   is the span term's own job: more of the sampled specs at the pair whose agents need different capacities (cf
   ahead on 16 of 16 seeds) and a higher expected reward (+0.040 ± 0.024, 14 of 16).
 
+A chain of three checkers (`--checkers 3 --prices 100,600,1000 --max-new-tokens 400 --sft-steps 1200`; 2026-12-06,
+sixth session). Why: with one checker the solver's level decides most of the reward, and the group term tells the
+two capacities apart almost as fast as the span term. With a solver and three checkers each capacity is one of four
+fields whose effects the group advantage mixes: the case a one-field contrast is meant for. Under the priced pool
+the best of the 81 assignments is still a `large` solver with `small` checkers (r* = 0.596, target 0.536), and
+every other one is below 0.9 r* (runner-up: a `medium` solver with `small` checkers, 0.869 r*; the mean of all 81,
+what a uniform policy earns, 0.216 r*). Under the shipped prices a `medium` solver with `medium` checkers comes
+within 1% of the optimum, so the family runs priced. A spec is 343 tokens, and the tiny policy needs 1200 SFT steps
+(at 400 its loss was 0.157, against 0.013 for a uniform choice among the 81, and 72% of its first specs were
+invalid; at 1200: 0.0133, valid 1.00). Both arms, seeds 0-15, K = 2, 80 steps (~3 min per seed and arm on one core):
+
+    edit families        arm       steps (cens.)       expected reward, last 5   optimal share, last 5   valid
+    paper                grpo      80.69 ± 0.31 (15)   0.478 ± 0.007             0.19 ± 0.03             1.00
+    paper                grpo+cf   80.00 ± 1.00 (15)   0.469 ± 0.009             0.17 ± 0.03             1.00
+    all (+ upgrades)     grpo+cf   80.06 ± 0.94 (15)   0.465 ± 0.012             0.13 ± 0.03             1.00
+  paper, paired cf - grpo: expected reward -0.009 ± 0.006 (cf ahead 6/16), optimal share -0.019 ± 0.021 (5/16),
+  P(optimal spec) at step 80 -0.037 ± 0.020 (4/16): ratio=0.991 [0.974, 1.000] (raw_ratio=1.116).
+  all (the cf arm alone, merged with the grpo arm above): -0.013 ± 0.010 (7/16), -0.058 ± 0.018 (2/16),
+  -0.086 ± 0.024 (1/16): ratio=0.992.
+
+  Neither arm reaches 90% of r* on 15 of 16 seeds: the mean expected reward climbs from 0.05 at step 1 to ~0.46 by
+  step 40 and stays there (0.47-0.51 at step 80), the runner-ups' level. So the ratio measures the horizon; the
+  target (<= 0.75) is NOT reached. And on this family the span term does not steer toward the optimum either: a
+  little away from it (cf ahead on 4-5 of 16 seeds), more so with upgrade edits. What its edits were (seed 8's cf
+  arm re-run with its work folder kept; deterministic, the same figures): of 1920 edits in 80 steps, 1091 dropped a
+  dependency, 465 rolled a duty back and 364 (19%) moved a capacity. The family sampler follows each family's mean
+  |Δ|, and a checker that loses its input solves from scratch: the largest contrast. The capacity change the optimum
+  needs most often, a checker from `medium` to `small` (137 edits), averaged Δ = +0.022 (keep `medium`), where the
+  expected contrast of those same specs and tasks (``SpecRewards``) is -0.088. A re-execution redraws the checker's
+  repair, a ±1 swing in success, against a price gap of ~0.1, and copies of one spec in a step share their draws,
+  so 137 contrasts hold far fewer independent ones. So here each capacity field is edited rarely, and the contrast
+  for a cheaper checker is mostly noise.
+  With common random numbers (`--coupled-draws`, both arms, seeds 0-7 only, same SFT model; r* = 0.584) the noise
+  of the re-execution goes, and nothing improves: 8 of 8 censored in both arms, expected reward 0.385 ± 0.012 (grpo)
+  and 0.365 ± 0.019 (cf), paired optimal share -0.021 ± 0.007 (cf ahead 0/8), P(optimal spec) -0.026 ± 0.008
+  (2/8), ratio=1.000. Both arms learn less than uncoupled (as on one checker: the executor seeds a whole step
+  alike, so coupling ties every sample of a group together), which confounds it again.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
@@ -287,12 +327,13 @@ the cf options cannot change it, and it is deterministic per seed):
     OMP_NUM_THREADS=1 python bench/credit.py --arms grpo+cf --families all --seeds 8 --sft-cache sft0 --json cf0.json
     python bench/credit.py --merge run0.json:grpo run8.json:grpo cf0.json cf8.json   # FILE:ARM takes one arm
     (--prices 100,600,1000 with its own --sft-cache, --cf-weight quadratic, --cf-coef 1, --families all,
-     --credit legacy, --no-scale-rewards: the variants)
+     --credit legacy, --no-scale-rewards, --checkers 3 --max-new-tokens 400 --sft-steps 1200: the variants)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -322,18 +363,32 @@ from lemon_core.train import TrainConfig, TrainState, train  # noqa: E402
 
 LEVELS = ("small", "medium", "large")
 ARMS = ("grpo", "grpo+cf")  # plain GRPO (no edits) and GRPO + the localized counterfactual term
-OPTIMUM = ("large", "small")  # (solver, checker): tests/test_simulated_pool.py checks it is the best pair
-PAIRS = [(solver, checker) for solver in LEVELS for checker in LEVELS]
 FAMILY = "solve_check"
 
 
-def solve_check_spec(solver: str, checker: str) -> OrchestrationSpec:
-    """A solver -> checker spec with one capacity per agent; short duties, so a tiny model learns it fast."""
-    return OrchestrationSpec(agents=[
-        AgentSpec(id="a1", role="Solver", base_role="solver", duty="Solve it.", capacity=solver),
-        AgentSpec(id="a2", role="Checker", base_role="verifier", duty="Check it.", capacity=checker,
-                  depends_on=["a1"]),
-    ], output="a2")
+def capacity_assignments(checkers: int = 1) -> list[tuple[str, ...]]:
+    """Every (solver, checker 1, ..., checker N) capacity tuple of an N-checker spec: 3 ** (N + 1) of them."""
+    return list(itertools.product(LEVELS, repeat=checkers + 1))
+
+
+def optimum(checkers: int = 1) -> tuple[str, ...]:
+    """The best capacities (pair_rewards refuses a pool where they are not): a `large` solver, `small` checkers.
+    tests/test_simulated_pool.py checks it for one checker, tests/test_credit_bench.py for three."""
+    return ("large",) + ("small",) * checkers
+
+
+PAIRS = capacity_assignments(1)  # the shipped family: one solver, one checker
+OPTIMUM = optimum(1)
+
+
+def solve_check_spec(solver: str, *checkers: str) -> OrchestrationSpec:
+    """A solver -> checker -> ... chain with one capacity per agent; short duties, so a tiny model learns it fast.
+    Each checker reads the agent before it; the last one answers."""
+    agents = [AgentSpec(id="a1", role="Solver", base_role="solver", duty="Solve it.", capacity=solver)]
+    for i, capacity in enumerate(checkers, start=2):
+        agents.append(AgentSpec(id=f"a{i}", role="Checker", base_role="verifier", duty="Check it.", capacity=capacity,
+                                depends_on=[f"a{i - 1}"]))
+    return OrchestrationSpec(agents=agents, output=agents[-1].id)
 
 
 def level_words(level_tokens: str) -> tuple[str, ...]:
@@ -372,13 +427,15 @@ class SpecRewards:
         return self._known[key]
 
 
-def pair_rewards(tasks: Sequence[Example], rewards: SpecRewards) -> dict[tuple[str, str], float]:
-    """Expected reward of each (solver, checker) pair's spec, averaged over the tasks. r* is the OPTIMUM's entry."""
-    table = {pair: statistics.fmean(rewards(solve_check_spec(*pair), t) for t in tasks) for pair in PAIRS}
+def pair_rewards(tasks: Sequence[Example], rewards: SpecRewards, checkers: int = 1) -> dict[tuple[str, ...], float]:
+    """Expected reward of each capacity assignment's spec (a (solver, checker) pair for one checker), averaged over
+    the tasks. r* is the optimum's entry."""
+    table = {levels: statistics.fmean(rewards(solve_check_spec(*levels), t) for t in tasks)
+             for levels in capacity_assignments(checkers)}
     best = max(table, key=table.__getitem__)
-    if best != OPTIMUM:
-        raise SystemExit(f"the pool's best pair is {best}, not {OPTIMUM}: check pool-simulated.yaml, "
-                         "--prices and --lambda-cost")
+    if best != optimum(checkers):
+        raise SystemExit(f"the pool's best assignment is {best}, not {optimum(checkers)}: check pool-simulated.yaml, "
+                         "--prices, --lambda-cost and --checkers")
     return table
 
 
@@ -407,10 +464,11 @@ def bench_pool(prices: Sequence[float] | None, coupled_draws: bool, where: Path)
     return str(path)
 
 
-def runner_up(table: dict[tuple[str, str], float]) -> float:
+def runner_up(table: dict[tuple[str, ...], float]) -> float:
     """The best non-optimal pair's expected reward over r*: at or above --fraction, the steps-to-target metric can
     be met without the optimal pair, i.e. without the checker's capacity ever being right."""
-    return max(r for pair, r in table.items() if pair != OPTIMUM) / table[OPTIMUM]
+    best = max(table, key=table.__getitem__)
+    return max(r for levels, r in table.items() if levels != best) / table[best]
 
 
 def expected_reward(records: Sequence[RolloutRecord], tasks_by_id: dict[str, Example], rewards: SpecRewards) -> float:
@@ -422,8 +480,8 @@ def expected_reward(records: Sequence[RolloutRecord], tasks_by_id: dict[str, Exa
         for r in records)
 
 
-def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[Example],
-                temperature: float) -> dict[tuple[str, str], float]:
+def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[Example], temperature: float,
+                assignments: Sequence[tuple[str, ...]] = PAIRS) -> dict[tuple[str, ...], float]:
     """The probability that the policy writes each pair's spec exactly as SFT taught it, averaged over the tasks:
     the product of its token probabilities at the sampling temperature. Read from the policy, not sampled. The
     grammar mask only renormalises over the tokens a spec may have next, and the same text has other tokenisations,
@@ -432,18 +490,18 @@ def pair_choice(policy: OrchestratorPolicy, pool: CapacityPool, tasks: Sequence[
     prompts, completions = [], []
     for task in tasks:
         prompt = policy.prompt_ids(task.question, pool)
-        for pair in PAIRS:
+        for levels in assignments:
             prompts.append(prompt)
-            completions.append(policy.completion_ids(policy.spec_completion(solve_check_spec(*pair))))
+            completions.append(policy.completion_ids(policy.spec_completion(solve_check_spec(*levels))))
     logprobs = torch.tensor([sum(row) for row in policy.logprobs(prompts, completions, temperature)])
-    probs = logprobs.view(len(tasks), len(PAIRS)).exp().mean(0)
-    return {pair: float(p) for pair, p in zip(PAIRS, probs, strict=True)}
+    probs = logprobs.view(len(tasks), len(assignments)).exp().mean(0)
+    return {levels: float(p) for levels, p in zip(assignments, probs, strict=True)}
 
 
-def optimal_share(records: Sequence[RolloutRecord]) -> float:
-    """One step's share of sampled specs at the optimal capacities."""
+def optimal_share(records: Sequence[RolloutRecord], best: tuple[str, ...] = OPTIMUM) -> float:
+    """One step's share of sampled specs at the optimal capacities ``best``."""
     specs = [r.spec for r in records if r.valid and r.spec is not None]
-    hits = sum(1 for s in specs if tuple(a["capacity"] for a in s["agents"]) == OPTIMUM)
+    hits = sum(1 for s in specs if tuple(a["capacity"] for a in s["agents"]) == best)
     return hits / len(records) if records else 0.0
 
 
@@ -472,6 +530,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
     families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
+    best = optimum(args.checkers)
     cfg = base.model_copy(update={
         "model": str(sft_model),
         "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
@@ -483,12 +542,12 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
     })
 
     def measure_policy(state: TrainState, row: dict) -> None:  # after each update: read from the policy itself
-        row["policy/optimal_prob"] = pair_choice(state.policy, state.pool, tasks[0], args.temperature)[OPTIMUM]
+        row["policy/optimal_prob"] = pair_choice(state.policy, state.pool, tasks[0], args.temperature, [best])[best]
 
     result = train(cfg, examples=tasks, scorer=score, on_step=measure_policy)
     curve = [m["reward/mean"] for m in result.metrics]
     by_step, tasks_by_id = saved_rollouts(Path(cfg.out), args.steps), {t.id: t for t in tasks[0]}
-    return {"curve": curve, "optimal_share": [optimal_share(records) for records in by_step],
+    return {"curve": curve, "optimal_share": [optimal_share(records, best) for records in by_step],
             "valid": [m["valid_rate"] for m in result.metrics],
             "expected_curve": [expected_reward(records, tasks_by_id, rewards) for records in by_step],
             "optimal_prob": [m["policy/optimal_prob"] for m in result.metrics]}
@@ -522,7 +581,8 @@ def sft_marker(pool_source: str, args: argparse.Namespace) -> dict:
     """What a cached SFT model depends on besides the fixed teacher: the levels and prices its prompts listed (the
     orchestrator's prompt shows each level's name and prices: lemon_core/prompts.py) and the SFT settings."""
     levels = [[lv.name, lv.price_in_per_1m, lv.price_out_per_1m] for lv in load_pool(pool_source).levels]
-    return {"levels": levels, "sft_steps": args.sft_steps, "sft_seed": args.sft_seed, "level_tokens": args.level_tokens}
+    return {"levels": levels, "sft_steps": args.sft_steps, "sft_seed": args.sft_seed, "level_tokens": args.level_tokens,
+            "checkers": args.checkers}
 
 
 def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
@@ -534,10 +594,11 @@ def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, ar
     base = base_config(model, where, args.sft_seed, args, teacher, pool_source)
     wanted, marker = sft_marker(pool_source, args), where / "sft-marker.json"
     if (where / "sft-model").exists():
-        if marker.exists():  # a marker from before --level-tokens: the split tokenizer
-            known = {"level_tokens": "split", **json.loads(marker.read_text())}
+        if marker.exists():  # a marker from before --level-tokens / --checkers: the split tokenizer / one checker
+            known = {"level_tokens": "split", "checkers": 1, **json.loads(marker.read_text())}
         else:  # a cache from before the marker (2026-12-06): the shipped pool, the split tokenizer, SFT unrecorded
-            known = {**wanted, "levels": sft_marker("simulated", args)["levels"], "level_tokens": "split"}
+            known = {**wanted, "levels": sft_marker("simulated", args)["levels"], "level_tokens": "split",
+                     "checkers": 1}
         if known != wanted:
             raise SystemExit(f"--sft-cache {where}: its SFT model was trained with {known}, this run needs {wanted}; "
                              "give a new folder")
@@ -700,6 +761,10 @@ def main() -> None:
     ap.add_argument("--cf-weight", choices=["quadratic", "linear"],
                     default="quadratic" if GRPOConfig().cf_weight_by_abs_delta else "linear",
                     help="span term β·|Δ̃|·Δ̃ (quadratic, GRPOConfig.cf_weight_by_abs_delta) or β·Δ̃ (linear)")
+    ap.add_argument("--checkers", type=int, default=1,
+                    help="checkers after the solver (a chain): 1 is the shipped family; with N, each spec has N + 1 "
+                         "capacities to get right (3 ** (N + 1) assignments) and the best is a `large` solver with "
+                         "`small` checkers. Give --max-new-tokens room for the longer spec")
     ap.add_argument("--lambda-cost", type=float, default=1.0)
     ap.add_argument("--prices", type=parse_prices, default=None,
                     metavar="S,M,L", help="input $ per 1M tokens of the small, medium and large levels (output twice "
@@ -732,6 +797,8 @@ def main() -> None:
     ap.add_argument("--merge", nargs="+", default=None, metavar="FILE[:ARM]",
                     help="only summarise these --json files (FILE:grpo or FILE:grpo+cf takes one arm of a file)")
     args = ap.parse_args()
+    if args.checkers < 1:
+        ap.error(f"--checkers {args.checkers}: give 1 or more (the solver's answer needs a checker to read it)")
     if args.merge:
         return merge(args.merge)
     torch.set_num_threads(1)
@@ -744,23 +811,25 @@ def main() -> None:
         work = Path(tmp)
         pool_source = bench_pool(args.prices, args.coupled_draws, work)
         rewards = SpecRewards(RewardConfig(lambda_cost=args.lambda_cost), pool_source=pool_source)
-        table = pair_rewards(train_tasks, rewards)
-        r_star, second = table[OPTIMUM], runner_up(table)
+        table = pair_rewards(train_tasks, rewards, args.checkers)
+        best = optimum(args.checkers)
+        r_star, second = table[best], runner_up(table)
         target = args.fraction * r_star
-        print("expected reward per (solver, checker) pair: "
-              + ", ".join(f"{s}/{c} {r:.3f}" for (s, c), r in sorted(table.items(), key=lambda kv: -kv[1])),
-              flush=True)
-        print(f"family={FAMILY} optimum={OPTIMUM} r*={r_star:.3f} target={target:.3f} "
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])
+        print(f"expected reward per (solver, checker{' x ' + str(args.checkers) if args.checkers > 1 else ''}) "
+              f"capacities{', best 12 of ' + str(len(ranked)) if len(ranked) > 12 else ''}: "
+              + ", ".join(f"{'/'.join(levels)} {r:.3f}" for levels, r in ranked[:12]), flush=True)
+        print(f"family={FAMILY} checkers={args.checkers} optimum={best} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
               f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}",
               flush=True)
         if second >= args.fraction:
-            print(f"note: a non-optimal pair earns >= {args.fraction} r*, so the target can be met without the "
-                  "optimal pair (see --prices)", flush=True)
+            print(f"note: a non-optimal assignment earns >= {args.fraction} r*, so the target can be met without "
+                  "the optimal one (see --prices)", flush=True)
         model = build_tiny_chat_model(work / "tiny", seed=0, whole_words=level_words(args.level_tokens))
         teacher = work / "teacher.jsonl"
-        rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(s, c))})
-                for t in train_tasks for s in LEVELS for c in LEVELS]
+        rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(*levels))})
+                for t in train_tasks for levels in capacity_assignments(args.checkers)]
         teacher.write_text("\n".join(rows) + "\n")
         sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft",
                                    pool_source)
@@ -781,7 +850,7 @@ def main() -> None:
                       f"valid={statistics.fmean(run['valid'][-args.window:]):.2f}", flush=True)
     if args.json:
         doc = {"r_star": r_star, "runner_up": second,
-               "pair_rewards": {f"{s}/{c}": r for (s, c), r in table.items()},
+               "pair_rewards": {"/".join(levels): r for levels, r in table.items()},
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": results}
         args.json.write_text(json.dumps(doc, indent=1))
     summarize(results, args.steps, args.window)

@@ -19,7 +19,8 @@ import torch
 from lemon_core.backends.simulated import register_examples
 from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.reward import RewardConfig
+from lemon_core.reward import RewardConfig, RewardTerms
+from lemon_core.rollout import RolloutRecord
 from lemon_core.sft import SFTConfig, sft_train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -65,8 +66,7 @@ def test_pair_choice_follows_what_the_policy_was_taught(tmp_path: Path, one_thre
 
 def test_expected_reward_drops_the_pool_draws_and_keeps_the_invalid_penalty(tmp_path: Path) -> None:
     credit = _credit()
-    from lemon_core.reward import RewardTerms
-    from lemon_core.rollout import RolloutRecord, write_records
+    from lemon_core.rollout import write_records
 
     tasks = credit.make_tasks(2)
     register_examples(tasks)
@@ -175,6 +175,43 @@ def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: 
     assert runner_up["shipped"] >= 0.9 > runner_up["priced"]
 
 
+def test_a_chain_of_checkers_has_one_capacity_per_agent_to_get_right(tmp_path: Path) -> None:
+    """--checkers 3: a solver and three checkers in a chain, 81 capacity assignments. Under the priced pool the best
+    is still a `large` solver with `small` checkers and no other assignment clears 90% of r* (so reaching the target
+    needs all four capacities right); under the shipped prices a `medium` solver with `medium` checkers comes within
+    1% of it, which is why the family is run priced. The share of sampled specs at the optimum counts all four."""
+    credit = _credit()
+    spec = credit.solve_check_spec("large", "small", "medium", "small")
+    assert [(a.id, a.capacity, a.depends_on) for a in spec.agents] == [
+        ("a1", "large", []), ("a2", "small", ["a1"]), ("a3", "medium", ["a2"]), ("a4", "small", ["a3"])]
+    assert spec.output == "a4" and credit.solve_check_spec("large", "small") == credit.solve_check_spec(*credit.OPTIMUM)
+    assignments = credit.capacity_assignments(3)
+    assert len(set(assignments)) == len(assignments) == 81 and credit.optimum(3) == ("large", "small", "small", "small")
+
+    tasks = credit.make_tasks(6)
+    register_examples(tasks)
+    priced = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
+    runner_up = {}
+    for name, pool in (("shipped", "simulated"), ("priced", priced)):
+        table = credit.pair_rewards(tasks, credit.SpecRewards(RewardConfig(lambda_cost=1.0), pool_source=pool), 3)
+        assert set(table) == set(assignments)  # pair_rewards exits unless optimum(3) is the best
+        runner_up[name] = credit.runner_up(table)
+    assert runner_up["shipped"] > 0.99 and runner_up["priced"] < 0.9
+
+    def record(levels: tuple[str, ...]) -> RolloutRecord:
+        return RolloutRecord(step=1, task_id="sc0", benchmark="solve_check", sample=0, prompt_ids=[1],
+                             completion_ids=[2], old_logprobs=[0.0], offsets=[(0, 1)], temperature=0.7, text="x",
+                             valid=True, spec=credit.solve_check_spec(*levels).model_dump(),
+                             reward=RewardTerms(success=0.0, total=0.0))
+
+    records = [record(credit.optimum(3)), record(("large", "small", "small", "medium")), record(credit.optimum(3))]
+    assert credit.optimal_share(records, credit.optimum(3)) == pytest.approx(2 / 3)
+    assert credit.optimal_share([record(credit.OPTIMUM)]) == 1.0  # one checker by default
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "credit.py"), "--checkers", "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--checkers 0: give 1 or more" in result.stderr
+
+
 def test_coupled_draws_reach_every_level_of_the_bench_pool_and_change_nothing_else(tmp_path: Path) -> None:
     """--coupled-draws gives every level's backend coupled_draws (alone or with --prices); prices, accuracies and
     the other options stay the shipped ones."""
@@ -278,7 +315,8 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
 
     monkeypatch.setattr(credit, "train", fake_sft)
     args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
-                              sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1, level_tokens="whole")
+                              sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1, level_tokens="whole",
+                              checkers=1)
     priced = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
 
     def sft(cache: Path, pool: str, **changes: object) -> Path:
@@ -288,13 +326,20 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1  # reused
     for pool, changes in (("simulated", {}), (priced, {"sft_steps": 100}), (priced, {"sft_seed": 1}),
-                          (priced, {"level_tokens": "split"})):
+                          (priced, {"level_tokens": "split"}), (priced, {"checkers": 3})):
         with pytest.raises(SystemExit, match="give a new folder"):
             sft(tmp_path / "priced", pool, **changes)
+    old_marker = tmp_path / "old-marker"  # a marker from before --checkers: one checker
+    assert sft(old_marker, priced) == old_marker / "sft-model" and len(trained) == 2
+    marker = json.loads((old_marker / "sft-marker.json").read_text())
+    (old_marker / "sft-marker.json").write_text(json.dumps({k: v for k, v in marker.items() if k != "checkers"}))
+    assert sft(old_marker, priced) == old_marker / "sft-model" and len(trained) == 2
+    with pytest.raises(SystemExit, match="give a new folder"):
+        sft(old_marker, priced, checkers=3)
 
     legacy = tmp_path / "legacy"  # a cache from before the marker: the shipped pool, the split tokenizer
     (legacy / "sft-model").mkdir(parents=True)
-    assert sft(legacy, "simulated", level_tokens="split") == legacy / "sft-model" and len(trained) == 1
+    assert sft(legacy, "simulated", level_tokens="split") == legacy / "sft-model" and len(trained) == 2
     for pool, changes in ((priced, {"level_tokens": "split"}), ("simulated", {})):
         with pytest.raises(SystemExit, match="give a new folder"):
             sft(legacy, pool, **changes)
