@@ -815,10 +815,9 @@ def main() -> None:
         best = optimum(args.checkers)
         r_star, second = table[best], runner_up(table)
         target = args.fraction * r_star
-        ranked = sorted(table.items(), key=lambda kv: -kv[1])
-        print(f"expected reward per (solver, checker{' x ' + str(args.checkers) if args.checkers > 1 else ''}) "
-              f"capacities{', best 12 of ' + str(len(ranked)) if len(ranked) > 12 else ''}: "
-              + ", ".join(f"{'/'.join(levels)} {r:.3f}" for levels, r in ranked[:12]), flush=True)
+        shown = sorted(table.items(), key=lambda kv: -kv[1])[:12]
+        print(f"expected reward of the best {len(shown)} of {len(table)} capacity assignments (solver/checkers): "
+              + ", ".join(f"{'/'.join(levels)} {r:.3f}" for levels, r in shown), flush=True)
         print(f"family={FAMILY} checkers={args.checkers} optimum={best} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
               f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}",
