@@ -294,6 +294,8 @@ invalid; at 1200: 0.0133, valid 1.00). Both arms, seeds 0-15, K = 2, 80 steps (~
   P(optimal spec) at step 80 -0.037 ± 0.020 (4/16): ratio=0.991 [0.974, 1.000] (raw_ratio=1.116).
   all (the cf arm alone, merged with the grpo arm above): -0.013 ± 0.010 (7/16), -0.058 ± 0.018 (2/16),
   -0.086 ± 0.024 (1/16): ratio=0.992.
+  K = 4 edits per spec (`--edits 4`, the cf arm alone, merged the same way; twice the contrasts per field):
+  -0.016 ± 0.010 (6/16), -0.046 ± 0.023 (4/16), -0.045 ± 0.020 (4/16), 14 of 16 censored: ratio=0.971 [0.922, 1.000].
 
   Neither arm reaches 90% of r* on 15 of 16 seeds: the mean expected reward climbs from 0.05 at step 1 to ~0.46 by
   step 40 and stays there (0.47-0.51 at step 80), the runner-ups' level. So the ratio measures the horizon; the
