@@ -587,6 +587,11 @@ def sft_marker(pool_source: str, args: argparse.Namespace) -> dict:
             "checkers": args.checkers}
 
 
+# What a cached SFT model was trained with where its marker predates the option: the split tokenizer (before
+# --level-tokens) and one checker (before --checkers)
+UNRECORDED_SFT = {"level_tokens": "split", "checkers": 1}
+
+
 def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
              where: Path, pool_source: str) -> tuple[Path, TrainConfig]:
     """The SFT-warmed model every arm and seed starts from (reused from `where` if it was trained the same way).
@@ -596,11 +601,10 @@ def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, ar
     base = base_config(model, where, args.sft_seed, args, teacher, pool_source)
     wanted, marker = sft_marker(pool_source, args), where / "sft-marker.json"
     if (where / "sft-model").exists():
-        if marker.exists():  # a marker from before --level-tokens / --checkers: the split tokenizer / one checker
-            known = {"level_tokens": "split", "checkers": 1, **json.loads(marker.read_text())}
-        else:  # a cache from before the marker (2026-12-06): the shipped pool, the split tokenizer, SFT unrecorded
-            known = {**wanted, "levels": sft_marker("simulated", args)["levels"], "level_tokens": "split",
-                     "checkers": 1}
+        if marker.exists():
+            known = {**UNRECORDED_SFT, **json.loads(marker.read_text())}
+        else:  # a cache from before the marker (2026-12-06): the shipped pool, its SFT settings unrecorded
+            known = {**wanted, "levels": sft_marker("simulated", args)["levels"], **UNRECORDED_SFT}
         if known != wanted:
             raise SystemExit(f"--sft-cache {where}: its SFT model was trained with {known}, this run needs {wanted}; "
                              "give a new folder")
