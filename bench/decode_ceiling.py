@@ -1,10 +1,12 @@
 """Where a CPU decoding step's time goes, against what its matrix-product kernel can do at all.
 
-Why: ``bench/engines.py`` puts lemon's transformers backend at parity with vLLM's CPU build at batch 32 (ratio
-0.998 on 2026-12-06), vLLM's decode ~6% faster and lemon's prefill faster. docs/gpu_check.md traces the rest of the
-gap (the products equal in both engines, shape by shape; everything else ~29 ms of a ~205 ms step; what was tried);
-this script repeats its two central figures on any machine, to say how much is left to win in the transformers
-route. It times
+Why: ``bench/engines.py`` put lemon's transformers backend at parity with vLLM's CPU build at batch 32 (ratio
+0.998 on 2026-12-06), vLLM's decode ~6% faster and lemon's prefill faster. (Since then greedy batches pick their
+tokens through a bf16 screen of the output head, ``screened_argmax.py``: ratio 1.072. This script times the fp32
+path, ``FusedDecoder.logits`` and ``max(-1)``, whose products it compares with their ceiling.)
+docs/gpu_check.md traces the rest of the gap (the products equal in both engines, shape by shape; everything else
+~29 ms of a ~205 ms step; what was tried); this script repeats its two central figures on any machine, to say
+how much is left to win in the transformers route. It times
 
 1. the packed oneDNN product the backend runs (``PackedLinear``'s op, weights packed as the backend packs them) at
    each projection of the model's fused decoder (qkv, o, gate_up, down, and the output head) and at 1, 32, 128 and
@@ -106,7 +108,7 @@ def decode_step_seconds(backend: TransformersBackend, steps: int, rounds: int) -
         mask, logits = attention, decoder.logits(ids[:, prefix:], attention, room)
         t0 = time.perf_counter()
         for _ in range(steps):
-            picks = logits.max(-1).indices.unsqueeze(1)  # the backend's greedy pick
+            picks = logits.max(-1).indices.unsqueeze(1)  # the greedy pick from fp32 logits
             mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], 1)
             logits = decoder.logits(picks, mask, room)
         return (time.perf_counter() - t0) / steps

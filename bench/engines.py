@@ -21,6 +21,8 @@ Engines:
 * ``transformers-unfused``: the same with ``fused_forward=False`` (transformers' own forward on packed layers,
   every row's whole prompt): what the fused forward and the shared prefix buy.
 * ``transformers-dense``: the same with ``packed_weights=False`` (plain ``F.linear``, MKL sgemm): what packing buys.
+* ``transformers-fp32-head``: the same with ``screened_argmax=False`` (each greedy pick from the fp32 logits
+  over the whole vocabulary): what the bf16 screen of the output head buys (``screened_argmax.py``).
 * ``transformers-t1``: the default with one torch thread.
 * ``vllm``: ``vllm.LLM`` (fp32) in the Python given by ``--vllm-python`` (e.g. ``.venv-vllm/bin/python`` made by
   ``.ci/vllm_cpu_check.sh``), one OpenMP thread bound to each core (``--vllm-threads``, default all);
@@ -54,7 +56,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINES = ("transformers", "transformers-unfused", "transformers-dense", "transformers-t1", "vllm", "llamacpp")
+ENGINES = ("transformers", "transformers-unfused", "transformers-dense", "transformers-fp32-head", "transformers-t1",
+           "vllm", "llamacpp")
+# TransformersBackend options of each lemon variant (transformers-t1 is the default on one thread)
+TRANSFORMERS_VARIANTS: dict[str, dict[str, bool]] = {
+    "transformers": {},
+    "transformers-unfused": {"fused_forward": False},
+    "transformers-dense": {"packed_weights": False},
+    "transformers-fp32-head": {"screened_argmax": False},
+}
 BASELINE = "transformers"
 DEFAULT_THREADS = 0  # "threads" value meaning: leave the engine its own default (torch: one thread per core)
 
@@ -105,13 +115,12 @@ def measure(generate: Any, batches: Sequence[int], max_tokens: int) -> list[dict
 
 
 def transformers_worker(model: str, threads: int, batches: Sequence[int], max_tokens: int,
-                        packed: bool = True, fused: bool | None = None) -> list[dict[str, Any]]:
+                        options: dict[str, bool] | None = None) -> list[dict[str, Any]]:
     from lemon_core.backends.base import GenerationRequest
     from lemon_core.backends.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(model, num_threads=threads or None, max_batch_size=max(batches),
-                                  packed_weights=packed, fused_forward=fused,
-                                  loop_stop_repeats=0)  # vLLM decodes loops to the end too
+                                  loop_stop_repeats=0, **(options or {}))  # vLLM decodes loops to the end too
     backend.eos_ids = set()  # no early stop: every engine generates exactly max_tokens per prompt
 
     def generate(prompts: list[str], n: int) -> int:
@@ -177,12 +186,10 @@ def peak_rss_mib() -> float:
 def worker_main(args: argparse.Namespace) -> None:
     kind, threads = args.worker, args.threads
     target = args.gguf if kind == "llamacpp" else args.model
-    if kind == "transformers-dense":
-        rows = transformers_worker(target, threads, args.batches, args.max_tokens, packed=False)
-    elif kind == "transformers-unfused":
-        rows = transformers_worker(target, threads, args.batches, args.max_tokens, fused=False)
+    if kind in TRANSFORMERS_VARIANTS:
+        rows = transformers_worker(target, threads, args.batches, args.max_tokens, TRANSFORMERS_VARIANTS[kind])
     else:
-        fn = {"transformers": transformers_worker, "vllm": vllm_worker, "llamacpp": llamacpp_worker}[kind]
+        fn = {"vllm": vllm_worker, "llamacpp": llamacpp_worker}[kind]
         rows = fn(target, threads, args.batches, args.max_tokens)
     print("RESULT " + json.dumps({"rows": rows, "peak_rss_mib": peak_rss_mib()}), flush=True)
 
@@ -229,9 +236,7 @@ def engine_plan(args: argparse.Namespace) -> list[tuple[str, str, str, int, str 
     """(name, python, worker kind, threads, gguf) of every engine that can run; prints why others are skipped."""
     plan: list[tuple[str, str, str, int, str | None]] = []
     for name in args.engines:
-        if name == "transformers":
-            plan.append((name, sys.executable, "transformers", DEFAULT_THREADS, None))
-        elif name in ("transformers-dense", "transformers-unfused"):
+        if name in TRANSFORMERS_VARIANTS:
             plan.append((name, sys.executable, name, DEFAULT_THREADS, None))
         elif name == "transformers-t1":
             plan.append((name, sys.executable, "transformers", 1, None))
@@ -281,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the engines in turn this many times and report each figure's median (and the ratio "
                          "of each round): these machines are noisy (vLLM's tok/s moved 3.5%% between runs here)")
     ap.add_argument("--json", default=None, help="also write the results here")
-    ap.add_argument("--worker", choices=("transformers", "transformers-unfused", "transformers-dense", "vllm",
-                                         "llamacpp"),
+    ap.add_argument("--worker", choices=(*TRANSFORMERS_VARIANTS, "vllm", "llamacpp"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -326,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
 def print_rows(label: str, threads: int, result: dict) -> None:
     shown = "default" if threads == DEFAULT_THREADS else threads
     for row in result["rows"]:
-        print(f"{label:18s} threads={shown} batch={row['batch']:2d} tokens={row['tokens']:5d} "
+        print(f"{label:22s} threads={shown} batch={row['batch']:2d} tokens={row['tokens']:5d} "
               f"{row['tok_s']:7.2f} tok/s  prefill {row['prefill_s']:6.2f}s  decode {row['decode_tok_s']:7.2f} "
               f"tok/s  peak_rss={result['peak_rss_mib']:.0f}MiB")
 

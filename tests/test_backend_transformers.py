@@ -45,15 +45,22 @@ def backend(model_dir: Path, forward: str) -> TransformersBackend:
 
 def before_each_forward(b: TransformersBackend, call: Callable[[torch.Tensor], None]) -> Callable[[], None]:
     """Run ``call(input_ids)`` before every forward pass of ``b``'s decoding loop; returns the undo."""
-    if b.decoder is not None:
-        original = b.decoder.logits
+    if b.decoder is not None:  # a step asks for logits, or (all rows greedy) for the picks alone
+        originals = {name: getattr(b.decoder, name) for name in ("logits", "greedy_tokens")}
 
-        def spied(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
-            call(input_ids)
-            return original(input_ids, *args)
+        def spy(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+            def spied(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
+                call(input_ids)
+                return original(input_ids, *args)
+            return spied
 
-        b.decoder.logits = spied  # type: ignore[method-assign]
-        return lambda: setattr(b.decoder, "logits", original)
+        def undo() -> None:
+            for name, original in originals.items():
+                setattr(b.decoder, name, original)
+
+        for name, original in originals.items():
+            setattr(b.decoder, name, spy(original))
+        return undo
     hook = b.model.register_forward_pre_hook(lambda _m, _a, kwargs: call(kwargs["input_ids"]), with_kwargs=True)
     return hook.remove
 

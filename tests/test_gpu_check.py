@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -111,7 +112,7 @@ def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "engines.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "engines.py"), "--quick", "--model", str(model), "--engines",
-         "transformers", "transformers-unfused", "transformers-dense", "vllm",
+         "transformers", "transformers-unfused", "transformers-dense", "transformers-fp32-head", "vllm",
          "--vllm-python", str(tmp_path / "no-python"), "--json", str(out)],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240,
     )
@@ -119,12 +120,13 @@ def test_engine_bench_quick_run_on_a_tiny_model(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert any(line.startswith("vllm: not installed, skipped") for line in lines)
     assert lines[-1].startswith("ratio=nan (no other engine ran")
-    for engine in ("transformers", "transformers-unfused", "transformers-dense"):  # the same work in each
+    for engine in ("transformers", "transformers-unfused", "transformers-dense", "transformers-fp32-head"):
         rows = json.loads(out.read_text())[engine]["rows"]
         assert [(r["batch"], r["tokens"]) for r in rows] == [(1, 32), (8, 8 * 32)]
         assert all(r["tok_s"] > 0 and r["prefill_s"] > 0 for r in rows)
         assert json.loads(out.read_text())[engine]["peak_rss_mib"] > 50
-    assert any(line.startswith("transformers-dense threads=default batch= 8") for line in lines)
+    for engine in ("transformers-dense", "transformers-fp32-head"):  # the same work in each, printed by name
+        assert any(re.match(rf"{engine} +threads=default batch= 8 tokens=  256", line) for line in lines)
 
 
 def test_ratio_is_the_default_engine_over_the_best_other(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lemon_core.backends.packed_linear import PackedLinear
+from lemon_core.backends.screened_argmax import ScreenedArgmax
 
 # Architectures whose decoder layer is exactly: x + attn(rmsnorm(x)); x + mlp(rmsnorm(x)), with
 # q/k/v/o projections (q/k/v biases optional), rotary embeddings on q and k, and a SiLU-gated MLP.
@@ -143,9 +144,11 @@ class FusedDecoder:
 
     Holds its own fused copies of the projection weights (packed for oneDNN when ``pack``), with each RMSNorm's
     weight folded into the projection after it; the embedding is shared with ``model``. Call ``new_room`` once
-    per batch (then ``prefill_shared`` when the prompts share a prefix), then ``logits`` once per step."""
+    per batch (then ``prefill_shared`` when the prompts share a prefix), then ``logits`` (or, when every row
+    decodes greedily, ``greedy_tokens``) once per step. ``screen``: pick greedy tokens through a bf16 screen of
+    the output head (``screened_argmax.py``; fp32 models only) instead of from the fp32 logits."""
 
-    def __init__(self, model: nn.Module, pack: bool) -> None:
+    def __init__(self, model: nn.Module, pack: bool, screen: bool = False) -> None:
         refusal = fused_decoder_refusal(model)
         if refusal is not None:
             raise ValueError(f"FusedDecoder cannot run this model: {refusal}")
@@ -171,6 +174,9 @@ class FusedDecoder:
                 down=_projection([mlp.down_proj.weight], [mlp.down_proj.bias], pack),
             ))
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        if screen and self.dtype != torch.float32:
+            raise ValueError(f"the bf16 screen of the output head is for fp32 models (this one is {self.dtype})")
+        self.screened_argmax = ScreenedArgmax(model.lm_head.weight, body.norm.weight) if screen else None
         projections = [self.head, *(p for lay in self.layers for p in (lay.qkv, lay.o, lay.gate_up, lay.down))]
         self.packed_layers = sum(isinstance(p, PackedLinear) for p in projections)
 
@@ -185,6 +191,15 @@ class FusedDecoder:
         ``[batch, filled + new]`` is 1 on real tokens, 0 on padding; it fixes each token's position and what it may
         attend to."""
         return self.head(self._unit_rms(self._hidden(input_ids, attention, room)[:, -1]))
+
+    @torch.no_grad()
+    def greedy_tokens(self, input_ids: torch.Tensor, attention: torch.Tensor, room: KVRoom) -> torch.Tensor:
+        """Each row's greedy next token ``[batch]``: ``logits(...).max(-1).indices``, through the bf16 screen when
+        the decoder has one (the same picks up to fp32 summation order, at about half the output head's time)."""
+        hidden = self._unit_rms(self._hidden(input_ids, attention, room)[:, -1])
+        if self.screened_argmax is None:
+            return self.head(hidden).max(-1).indices
+        return self.screened_argmax(hidden)
 
     @torch.no_grad()
     def prefill_shared(self, prefix_ids: torch.Tensor, room: KVRoom) -> None:

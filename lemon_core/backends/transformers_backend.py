@@ -14,8 +14,10 @@ its own file with its measurements: linear layers packed for oneDNN (``packed_li
 its own for Llama and Qwen2 models with fused projections and no per-layer module overhead (``fused_decoder.py``;
 other models run transformers' forward with a KV cache that reserves room for the whole answer,
 ``kv_cache.py``) and glibc keeping freed activation memory (``cpu_allocator.py``). With the fused forward, the
-prompt pass runs the batch's shared prompt prefix once (``shared_prefix.py``). ``bench/engines.py`` compares
-the result with vLLM's CPU build.
+prompt pass runs the batch's shared prompt prefix once (``shared_prefix.py``), and a batch whose rows all decode
+greedily without a grammar (the CPU pool's agents) gets each row's pick from a bf16 screen of the output head
+rescored in fp32, not from fp32 logits over the whole vocabulary (``screened_argmax.py``: the same picks, the
+head in about half the time). ``bench/engines.py`` compares the result with vLLM's CPU build.
 
 A greedy agent row that has fallen into an exact loop (the same run of tokens ``loop_stop_repeats`` times in
 a row, ``loop_stop_min_tokens`` tokens at least: ``base.LoopStop``) is stopped there and its
@@ -38,6 +40,7 @@ from lemon_core.backends.cpu_allocator import keep_heap_pad
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal, token_positions
 from lemon_core.backends.kv_cache import reserved_kv_cache
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
+from lemon_core.backends.screened_argmax import screened_argmax_available
 from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,6 +68,7 @@ class TransformersBackend:
         num_threads: int | None = None,
         packed_weights: bool | None = None,
         fused_forward: bool | None = None,
+        screened_argmax: bool | None = None,
         loop_stop_repeats: int = LoopStop.repeats,
         loop_stop_min_tokens: int = LoopStop.min_tokens,
     ) -> None:
@@ -114,8 +118,17 @@ class TransformersBackend:
             fused_forward = torch.device(device).type == "cpu" and dtype == "float32" and refusal is None
         elif fused_forward and refusal is not None:
             raise BackendError(f"fused_forward=true cannot run model {model!r}: {refusal}; drop the option")
+        # None: greedy batches pick their tokens through a bf16 screen of the output head (screened_argmax.py)
+        # wherever it can run: the fused forward, an fp32 model on CPU, oneDNN with native bf16 products.
+        screen_refusal = _screen_refusal(bool(fused_forward), torch.device(device), dtype)
+        if screened_argmax is None:
+            screened_argmax = screen_refusal is None
+        elif screened_argmax and screen_refusal is not None:
+            raise BackendError(f"screened_argmax=true {screen_refusal}; drop the option")
         # The fused forward holds its own (packed) projections; transformers' forward packs the model's layers.
-        self.decoder = FusedDecoder(self.model, pack=packed_weights) if fused_forward else None
+        self.decoder = (
+            FusedDecoder(self.model, pack=packed_weights, screen=screened_argmax) if fused_forward else None
+        )
         if self.decoder is not None:
             self.packed_linear_layers = self.decoder.packed_layers
         else:
@@ -201,12 +214,19 @@ class TransformersBackend:
         if self.decoder is not None and prefix_len and longest > 0:
             self.decoder.prefill_shared(input_ids[:1, :prefix_len], room)
             step_ids = input_ids[:, prefix_len:]
+        # A batch of greedy rows without grammars needs only each row's argmax, not the logits
+        # (FusedDecoder.greedy_tokens may find it without computing them all).
+        greedy_only = grammar is None and all(r.temperature <= 0 for r in requests)
         for _ in range(longest):
-            logits = forward.logits(step_ids, attention, room).float()
-            if grammar is not None:  # masks what the row's spec grammar forbids next
-                logits = grammar(seq, logits)
+            if greedy_only:
+                picks = forward.greedy_tokens(step_ids, attention, room).tolist()
+            else:
+                logits = forward.logits(step_ids, attention, room).float()
+                if grammar is not None:  # masks what the row's spec grammar forbids next
+                    logits = grammar(seq, logits)
+                picks = _pick_rows(logits, [requests[row] for row in in_batch],
+                                   [generators[row] for row in in_batch])
             going = []  # batch rows that write another token
-            picks = _pick_rows(logits, [requests[row] for row in in_batch], [generators[row] for row in in_batch])
             for i, (row, tok) in enumerate(zip(in_batch, picks, strict=True)):
                 if requests[row].max_tokens <= 0:
                     continue
@@ -269,6 +289,20 @@ class _TransformersForward:
             use_cache=True, logits_to_keep=1,  # only the last position's logits are needed: skips the vocab
         )                                      # projection for every prompt token during prefill
         return res.logits[:, -1, :]
+
+    def greedy_tokens(self, input_ids: torch.Tensor, attention: torch.Tensor, room: Any) -> torch.Tensor:
+        return self.logits(input_ids, attention, room).max(-1).indices  # the first largest, as _pick_rows
+
+
+def _screen_refusal(fused_forward: bool, device: torch.device, dtype: str) -> str | None:
+    """Why the bf16 screen of the output head cannot run (None when it can)."""
+    if not fused_forward:
+        return "needs the fused forward (fused_forward); transformers' forward computes the logits itself"
+    if device.type != "cpu" or dtype != "float32":
+        return f"needs an fp32 model on CPU (device={device.type!r}, dtype={dtype!r})"
+    if not screened_argmax_available():
+        return "needs oneDNN with native bf16 products on this CPU (AVX512-BF16 or AMX)"
+    return None
 
 
 def _generator(seed: int) -> torch.Generator:
