@@ -13,11 +13,16 @@ import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path
 
 from lemon_core.backends.base import BackendError, GenerationRequest
-from lemon_core.backends.screened_argmax import ScreenedArgmax, screen_slack_factor, screened_argmax_available
+from lemon_core.backends.screened_argmax import (
+    ScreenedArgmax,
+    bf16_products_native,
+    bf16_products_run,
+    screen_slack_factor,
+)
 from lemon_core.backends.transformers_backend import TransformersBackend
 
 pytestmark = pytest.mark.skipif(
-    not screened_argmax_available(), reason="oneDNN has no native bf16 products on this CPU (the screen is off here)"
+    not bf16_products_run(), reason="oneDNN has no bf16 products on this CPU (no AVX-512): the screen cannot run here"
 )
 
 
@@ -94,9 +99,12 @@ def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 def test_backend_writes_the_same_greedy_texts_with_the_screen(model_dir: Path) -> None:
-    screened, fp32 = TransformersBackend(str(model_dir)), TransformersBackend(str(model_dir), screened_argmax=False)
-    assert screened.decoder is not None and screened.decoder.screened_argmax is not None  # the CPU default
+    screened = TransformersBackend(str(model_dir), screened_argmax=True)
+    fp32 = TransformersBackend(str(model_dir), screened_argmax=False)
+    assert screened.decoder is not None and screened.decoder.screened_argmax is not None
     assert fp32.decoder is not None and fp32.decoder.screened_argmax is None
+    default = TransformersBackend(str(model_dir)).decoder
+    assert default is not None and (default.screened_argmax is not None) == bf16_products_native()  # where measured
     requests = [  # different caps, so rows leave the batch at different steps
         GenerationRequest.chat("You are a solver.", f"What is {a} + {b}?", max_tokens=6 + 4 * (a % 4))
         for a, b in [(12, 30), (7, 5), (3, 99), (41, 2), (8, 8)]

@@ -19,7 +19,8 @@ scored as ``(h * g) . w_v`` in fp32 from the model's own dense head weights, and
 fused forward's logits already differ from transformers' (``fused_decoder.py``).
 
 Used only where every row of the batch decodes greedily with no grammar (the CPU pool's agents: ``temperature``
-0 by default); sampled rows need the whole distribution and get the fp32 logits.
+0 by default); sampled rows need the whole distribution and get the fp32 logits. By default only on CPUs with bf16
+instructions (``bf16_products_native``), where it was measured.
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ def screen_slack_factor(hidden: int) -> float:
     return (2 * u + u * u) + hidden * 2.0**-23 + u * (1 + u) ** 3
 
 
-def screened_argmax_available() -> bool:
-    """oneDNN computes bf16 products natively on this CPU (AVX512-BF16 or AMX); elsewhere the screen is slower."""
+def bf16_products_run() -> bool:
+    """oneDNN computes bf16 products on this CPU, natively or emulated (AVX-512): the screen works here."""
     return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def bf16_products_native() -> bool:
+    """The CPU has bf16 dot-product instructions (AVX512-BF16 or AMX), where the screen was measured faster than
+    the fp32 head; elsewhere the backend leaves it off unless asked."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # private in torch 2.13: absent means no
+    return bf16_products_run() and any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 class ScreenedArgmax:

@@ -40,7 +40,7 @@ from lemon_core.backends.cpu_allocator import keep_heap_pad
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal, token_positions
 from lemon_core.backends.kv_cache import reserved_kv_cache
 from lemon_core.backends.packed_linear import pack_linear_layers, packing_available
-from lemon_core.backends.screened_argmax import screened_argmax_available
+from lemon_core.backends.screened_argmax import bf16_products_native, bf16_products_run
 from lemon_core.backends.shared_prefix import shared_prefix_layout, shared_prefix_length
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -119,10 +119,11 @@ class TransformersBackend:
         elif fused_forward and refusal is not None:
             raise BackendError(f"fused_forward=true cannot run model {model!r}: {refusal}; drop the option")
         # None: greedy batches pick their tokens through a bf16 screen of the output head (screened_argmax.py)
-        # wherever it can run: the fused forward, an fp32 model on CPU, oneDNN with native bf16 products.
+        # where it runs (the fused forward, an fp32 model on CPU) and the CPU has bf16 instructions, where it was
+        # measured faster; true also takes oneDNN's emulated bf16 products on other AVX-512 CPUs.
         screen_refusal = _screen_refusal(bool(fused_forward), torch.device(device), dtype)
         if screened_argmax is None:
-            screened_argmax = screen_refusal is None
+            screened_argmax = screen_refusal is None and bf16_products_native()
         elif screened_argmax and screen_refusal is not None:
             raise BackendError(f"screened_argmax=true {screen_refusal}; drop the option")
         # The fused forward holds its own (packed) projections; transformers' forward packs the model's layers.
@@ -300,8 +301,8 @@ def _screen_refusal(fused_forward: bool, device: torch.device, dtype: str) -> st
         return "needs the fused forward (fused_forward); transformers' forward computes the logits itself"
     if device.type != "cpu" or dtype != "float32":
         return f"needs an fp32 model on CPU (device={device.type!r}, dtype={dtype!r})"
-    if not screened_argmax_available():
-        return "needs oneDNN with native bf16 products on this CPU (AVX512-BF16 or AMX)"
+    if not bf16_products_run():
+        return "needs oneDNN's bf16 products, which this CPU lacks (AVX-512 or newer)"
     return None
 
 
