@@ -26,7 +26,10 @@ Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row s
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py                     # all six methods: 35 min 32 s on a fresh clone of d766826
+    python bench/learning.py                     # all six methods: 30 min 7 s on a fresh clone of 4c1b52a
+                                                 # (2026-12-06, session 24: agents' greedy picks through the
+                                                 # bf16-screened head), the same figures to the digit;
+                                                 # 35 min 32 s on a fresh clone of d766826
                                                  # (2026-12-06, session 21, a slower day), the same figures;
                                                  # 29 min 48 s on 2 idle cores (df56b80,
                                                  # 2026-12-06, span-term cap 0.5; 27 min 42 s at 55f669f, cap 2;

@@ -21,8 +21,9 @@ activations other than SiLU, rope types whose frequencies are not fixed at load,
 plain ``nn.Linear`` (a LoRA adapter loaded through peft, a quantized layer: their ``.weight`` is not what they
 compute, so a copy of it would silently drop the adapter or the quantization).
 
-The decoder copies the weights when it is built: changing the model's weights afterwards changes nothing it
-writes (build a new one).
+The decoder copies the weights when it is built: changing the model's weights afterwards is not followed (build a
+new one). The screened greedy pick (``screened_argmax.py``) rescores from the model's own head weight, a reference,
+so after such a change it would no longer agree with its own bf16 copy either.
 """
 
 from __future__ import annotations
