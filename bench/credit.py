@@ -315,6 +315,38 @@ invalid; at 1200: 0.0133, valid 1.00). Both arms, seeds 0-15, K = 2, 80 steps (~
   (2/8), ratio=1.000. Both arms learn less than uncoupled (as on one checker: the executor seeds a whole step
   alike, so coupling ties every sample of a group together), which confounds it again.
 
+Edits where the policy hesitates (`--edit-choice uncertain`, ``rollout.edit_choice``; 2026-12-07, seventh session).
+Why: the span term moves a span by Δ · ∇ log p, which vanishes as p -> 1, and after SFT the policy writes the
+dependencies and duties with p ≈ 1.000 and the capacities with p ≈ 0.2-0.5 (seed 0's first 12 samples: 1 − p(span)
+0.000 for every dependency and duty span, 0.51-0.83 for the capacities). The paper's family sampler spends the K
+re-executions by each family's mean |Δ|, which the dependency drops and the noisy duty rollbacks win, so most of
+them buy no gradient. `uncertain` draws each edit by 1 − p(its span) (with the same 0.2 uniform floor). The cf arm
+alone, K = 2, 80 steps, seeds 0-15, merged with the GRPO arms of the runs above; "vs family" is paired against the
+paper's sampler at the same seeds:
+
+    family    cf arm                   steps (cens.)      ratio [95% CI]        share cf-grpo        P(opt) vs family
+    one       family sampler (above)   52.44 ± 6.10 (6)   0.844 [0.71, 0.96]    +0.378 ± 0.070 (16)  -
+    one       uncertain                51.56 ± 5.85 (5)   0.830 [0.69, 0.96]    +0.439 ± 0.068 (15)  +0.122 ± 0.034 (15)
+    one       family, cf_max_ratio 1   56.38 ± 5.91 (7)   0.907 [0.81, 0.98]    +0.319 ± 0.069 (16)  +0.006 ± 0.054 (9)
+    three     family sampler (above)   80.00 ± 1.00 (15)  0.991 [0.974, 1.000]  -0.019 ± 0.021 (5)   -
+    three     uncertain                76.25 ± 2.72 (13)  0.945 [0.875, 1.000]  -0.058 ± 0.021 (4)   -0.031 ± 0.012 (5)
+
+  (Checkers per spec first; the share is of sampled specs at the optimum, last 5 steps; seeds ahead of 16 in
+  brackets.) One checker: the uncertain choice steers further than the family sampler at the same seeds (P(optimal
+  spec) at step 80 0.71 against 0.58 on average, plain GRPO 0.27; ahead on 15 of 16; expected reward +0.013 ± 0.007
+  over it, 11/16; valid 0.99 and 0.98), and its steps equal the family sampler's on 11 of 16 seeds: the steps to 90%
+  of r* follow the solver's level, which the group term learns. Three checkers: it steers further AWAY from the
+  optimum (its share -0.040 ± 0.012 below the family sampler's, P(opt) -0.031), the failure diagnosed above: more
+  edits land on the capacities there, and a checker's capacity contrast is mostly the re-execution's redraw. Its 0.945
+  is three seeds (9, 10, 14: 44, 59, 64 steps against plain GRPO's 81, 76, 81) crossing 90% of r* late, with about
+  plain GRPO's share at the optimum on those seeds (0.13, 0.50, 0.22 against 0.22, 0.53, 0.17) and its expected reward
+  (0.482, 0.537, 0.504 against 0.483, 0.528, 0.511): crossings by the window's noise, not a better policy. So
+  `rollout.edit_choice` stays `family` (the paper's sampler): a gain on one family, a loss on the other. Raising the
+  cap instead (ρ = 1 with whole level tokens; the cap was set at 0.5 with the split tokenizer, whose shared character
+  tokens garbled the text) kept validity (1.00) but steered less than ρ = 0.5 (share -0.059 ± 0.038 against it, 6/16)
+  and reached 90% of r* later on 4 seeds, sooner on none: ρ stays 0.5. Issue #10's target (<= 0.75) is NOT reached by
+  either.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json
@@ -358,7 +390,7 @@ from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
 from lemon_core.pool import CapacityPool, load_pool  # noqa: E402
 from lemon_core.reward import RewardConfig, compute_reward, trace_score  # noqa: E402
-from lemon_core.rollout import RolloutRecord, read_records  # noqa: E402
+from lemon_core.rollout import RolloutConfig, RolloutRecord, read_records  # noqa: E402
 from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
 from lemon_core.stats import standard_error  # noqa: E402
 from lemon_core.train import TrainConfig, TrainState, train  # noqa: E402
@@ -539,7 +571,8 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
         "iterations": args.steps,
         "sft": base.sft.model_copy(update={"enabled": False}),
         "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0,
-                                                   "edit_families": list(families)}),
+                                                   "edit_families": list(families),
+                                                   "edit_choice": args.edit_choice}),
         "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
     })
 
@@ -683,7 +716,7 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
 # too. The options in CF_ARM_ONLY are compared only among the files' grpo+cf arms: the grpo arm samples no edits and
 # its cf_coef is 0, so its runs are the same whatever they say (tests/test_credit_bench.py checks it).
 MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge", "arms"})
-CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_weight", "cf_max_ratio"})
+CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_weight", "cf_max_ratio", "edit_choice"})
 
 
 def merge(sources: Sequence[str | Path]) -> None:
@@ -753,6 +786,8 @@ def main() -> None:
     ap.add_argument("--tasks-per-step", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=6)
     ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
+    ap.add_argument("--edit-choice", choices=["family", "uncertain"], default=RolloutConfig().edit_choice,
+                    help="rollout.edit_choice: the paper's adaptive family sampler, or each edit by 1 - p(its span)")
     ap.add_argument("--families", choices=["paper", "all"], default="paper",
                     help="edit families: the paper's three, or all (adds capacity_upgrade)")
     ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
@@ -826,7 +861,8 @@ def main() -> None:
               + ", ".join(f"{'/'.join(levels)} {r:.3f}" for levels, r in shown), flush=True)
         print(f"family={FAMILY} checkers={args.checkers} optimum={best} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
-              f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits}",
+              f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits} "
+              f"edit_choice={args.edit_choice}",
               flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal assignment earns >= {args.fraction} r*, so the target can be met without "

@@ -25,6 +25,13 @@ and one family beyond the paper's three, off unless asked for (``families=ALL_FA
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
 samples its ``families``; ``counterfactual_edits(parsed, pool, sampler.families)`` lists just those.
+
+``sample_uncertain_edits`` is the other way to spend the K re-executions (``rollout.edit_choice:
+uncertain``): on the fields the policy has not decided yet. The span term moves a span's tokens by
+Δ · ∇ log p, and ∇ log p with respect to the sampled token's logit is 1 − p: a field the policy
+writes with p ≈ 1 (a dependency SFT always writes) gains almost nothing from its contrast, however
+large Δ is, while a capacity it still hesitates over (p ≈ 0.5) gains most. So each edit is drawn with
+weight 1 − p(span), p(span) the product of its tokens' sampling probabilities, mixed with a uniform floor.
 """
 
 from __future__ import annotations
@@ -178,3 +185,22 @@ class EditFamilySampler:
             if not pool:
                 del by_family[family]
         return chosen
+
+
+def sample_uncertain_edits(
+    edits: Sequence[CounterfactualEdit], uncertainty: Sequence[float], k: int, rng: random.Random,
+    floor: float = 0.2,
+) -> list[CounterfactualEdit]:
+    """Up to ``k`` distinct edits, drawn one at a time from those left with probability
+    floor / n + (1 - floor) · u_e / Σ u, where u_e = 1 - p(edited span) is ``uncertainty`` (module docstring).
+    With every u_e = 0 (a policy sure of every field) the draw is uniform."""
+    if len(edits) != len(uncertainty):
+        raise ValueError(f"{len(edits)} edits but {len(uncertainty)} uncertainties; need one per edit")
+    left = list(zip(edits, uncertainty, strict=True))
+    chosen: list[CounterfactualEdit] = []
+    while len(chosen) < k and left:
+        total = sum(max(u, 0.0) for _, u in left)
+        weights = [floor / len(left) + (1 - floor) * (max(u, 0.0) / total if total > 0 else 1 / len(left))
+                   for _, u in left]
+        chosen.append(left.pop(rng.choices(range(len(left)), weights=weights)[0])[0])
+    return chosen

@@ -5,7 +5,8 @@ For one batch of tasks (``collect_rollouts``):
 1. The policy samples G completions per task (one prompt template, ``policy.orchestrator_messages``).
 2. Each completion is parsed with ``parse_spec(text, pool)``; field spans are kept. A completion that
    does not parse/validate is *invalid* and gets ``RewardConfig.invalid_penalty``, nothing else.
-3. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` (an edit needs only the spec).
+3. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` (an edit needs only the spec),
+   or with ``edit_choice: uncertain`` by how undecided the policy was on each edited span.
 4. All valid specs of all tasks and all their edits are executed together (``execute_specs`` batches
    every DAG level of every spec per capacity, and sends a call shared by several specs once) and scored
    with each task's benchmark; ``compute_reward`` gives the terms. An edit shares every call upstream of
@@ -35,6 +36,7 @@ Shards are written with one function, ``write_records``, atomically (storage: tm
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections import defaultdict
@@ -44,8 +46,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from lemon_core.counterfactual import CounterfactualEdit, EditFamily, EditFamilySampler, counterfactual_edits
+from lemon_core.counterfactual import (
+    CounterfactualEdit,
+    EditFamily,
+    EditFamilySampler,
+    counterfactual_edits,
+    sample_uncertain_edits,
+)
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
+from lemon_core.grpo import span_token_mask
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward, trace_score
@@ -75,7 +84,15 @@ class RolloutConfig(BaseModel):
         "probe one level up (off by default: on bench/credit.py it took the span term's gain in the optimal-pair "
         "share, +0.146 ± 0.039 with the paper's three, to -0.004 ± 0.053, 16 seeds, 2026-12-05)",
     )
-    edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit-family sampling")
+    edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit sampling (either edit_choice)")
+    edit_choice: Literal["family", "uncertain"] = Field(
+        "family",
+        description="how the K edits of a spec are picked: family = the paper's adaptive family sampler (a family "
+        "by its recent mean |Delta|, then an edit of it); uncertain = each edit by 1 - p(its span) under the "
+        "sampling policy, so the re-executions go to the fields the policy has not decided "
+        "(counterfactual.sample_uncertain_edits). family by default: on bench/credit.py uncertain steered further "
+        "with one checker and away from the optimum with three (docs/training.md)",
+    )
     edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
     sampler: Literal["transformers", "vllm"] = Field(
         "transformers",
@@ -262,7 +279,7 @@ def collect_rollouts(
     stats = RolloutStats()
     cache = ExecutionCache.for_pool(pool)
     valid = [i for i, p in enumerate(parsed) if p is not None]
-    edits = choose_edits(parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
+    edits = choose_edits(records, parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
     # The sampled specs and their edits run as one batch (an edit needs only its spec, not its trace); a
     # call an edit shares with its original runs once and is counted for the original.
     traces = execute_specs(
@@ -327,6 +344,7 @@ def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int) -> N
 
 
 def choose_edits(
+    records: Sequence[RolloutRecord],
     parsed: list[ParsedSpec | None],
     valid: list[int],
     pool: CapacityPool,
@@ -334,15 +352,28 @@ def choose_edits(
     sampler: EditFamilySampler,
     seed: int,
 ) -> list[tuple[int, CounterfactualEdit]]:
-    """K counterfactual edits per valid spec, as (index of its record, edit): one field changed each."""
+    """K counterfactual edits per valid spec, as (index of its record, edit): one field changed each,
+    picked by ``cfg.edit_choice``."""
     rng = random.Random(seed)
     jobs: list[tuple[int, CounterfactualEdit]] = []
     for i in valid:
         p = parsed[i]
         assert p is not None
-        for edit in sampler.sample(counterfactual_edits(p, pool, sampler.families), cfg.edits_per_spec, rng):
-            jobs.append((i, edit))
+        candidates = counterfactual_edits(p, pool, sampler.families)
+        if cfg.edit_choice == "uncertain":
+            uncertainty = [1.0 - span_probability(records[i], e.span) for e in candidates]
+            chosen = sample_uncertain_edits(candidates, uncertainty, cfg.edits_per_spec, rng, floor=cfg.edit_floor)
+        else:
+            chosen = sampler.sample(candidates, cfg.edits_per_spec, rng)
+        jobs.extend((i, edit) for edit in chosen)
     return jobs
+
+
+def span_probability(record: RolloutRecord, span: tuple[int, int]) -> float:
+    """p(span): the product of the sampling probabilities (``old_logprobs``) of the completion tokens that
+    overlap the character span (grpo.span_token_mask's rule, the tokens the span term will move)."""
+    mask = span_token_mask(record.offsets, span)
+    return math.exp(sum(lp for lp, inside in zip(record.old_logprobs, mask.tolist(), strict=True) if inside))
 
 
 def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from lemon_core.counterfactual import (
     EditFamily,
     EditFamilySampler,
     counterfactual_edits,
+    sample_uncertain_edits,
     upgrade,
 )
 from lemon_core.executor import ExecutionCache, execute_specs
@@ -157,3 +158,29 @@ def test_sampler_samples_only_its_families() -> None:
         EditFamilySampler(families=["capacity_upgrad"])
     with pytest.raises(ValueError, match="empty"):
         counterfactual_edits(parsed, POOL, [])
+
+
+def test_uncertain_edits_are_drawn_by_one_minus_span_probability() -> None:
+    edits = counterfactual_edits(parse_spec(spec_completion(SPEC), POOL), POOL)
+    key = [(e.family, e.agent_id) for e in edits]
+    undecided = {(EditFamily.capacity_downgrade, "check"): 0.6, (EditFamily.capacity_downgrade, "solve"): 0.2}
+    u = [undecided.get(k, 0.0) for k in key]
+    # no floor: only the undecided capacities are drawn, in proportion 3 : 1
+    rng = random.Random(0)
+    firsts = [sample_uncertain_edits(edits, u, 1, rng, floor=0.0)[0] for _ in range(2000)]
+    picked = [(e.family, e.agent_id) for e in firsts]
+    assert set(picked) == set(undecided)
+    share = picked.count((EditFamily.capacity_downgrade, "check")) / len(picked)
+    assert 0.70 < share < 0.80  # 0.6 / (0.6 + 0.2) = 0.75
+    two = sample_uncertain_edits(edits, u, 2, random.Random(0), floor=0.0)
+    assert {(e.family, e.agent_id) for e in two} == set(undecided)
+    # once the undecided ones are taken (or none is undecided) the draw is uniform over what is left, never repeated
+    every = sample_uncertain_edits(edits, u, len(edits) + 3, random.Random(0), floor=0.0)
+    assert len(every) == len(edits) and len({id(e) for e in every}) == len(edits)
+    sure = [sample_uncertain_edits(edits, [0.0] * len(edits), 1, rng)[0] for _ in range(800)]
+    assert min(sure.count(e) for e in edits) > 50  # 100 each expected
+    # the floor keeps a decided field probed sometimes
+    floored = [sample_uncertain_edits(edits, u, 1, rng, floor=0.5)[0] for _ in range(4000)]
+    assert 0.35 < sum((e.family, e.agent_id) not in undecided for e in floored) / 4000 < 0.40  # 0.5 * 6 / 8
+    with pytest.raises(ValueError, match="one per edit"):
+        sample_uncertain_edits(edits, u[:-1], 1, random.Random(0))

@@ -121,7 +121,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1", "--cf-weight", "quadratic")
+                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
@@ -273,7 +273,7 @@ def test_merge_pairs_one_arm_of_a_file_with_an_arm_run_alone(tmp_path: Path, cap
 
     both = write("both", {"grpo": [run(4, 0.1), run(2, 0.5)], "grpo+cf": [run(5, 0.0), run(5, 0.0)]})
     cf_alone = write("cf", {"grpo+cf": [run(3, 0.6, seed=1), run(1, 0.2, seed=0)]},
-                     arms=["grpo+cf"], cf_max_ratio=2.0, families="all")
+                     arms=["grpo+cf"], cf_max_ratio=2.0, families="all", edit_choice="uncertain")
     credit.merge([f"{both}:grpo", cf_alone])
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == "ratio=0.667"  # (1 + 3) / (4 + 2)

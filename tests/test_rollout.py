@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from lemon_core.rollout import (
     collect_rollouts,
     parse_completion,
     read_records,
+    span_probability,
     write_records,
 )
 
@@ -36,10 +38,12 @@ TASKS = [
 
 
 class ScriptedPolicy:
-    """Duck-typed policy: 'samples' the given texts in order, one character = one token."""
+    """Duck-typed policy: 'samples' the given texts in order, one character = one token, each of log-prob
+    ``logprobs(text)`` (-0.5 per token unless given)."""
 
-    def __init__(self, texts: Sequence[str]) -> None:
+    def __init__(self, texts: Sequence[str], logprobs: Callable[[str], list[float]] | None = None) -> None:
         self.texts = list(texts)
+        self.logprobs = logprobs or (lambda text: [-0.5] * len(text))
 
     def prompt_ids(self, question: str, pool: object) -> list[int]:
         return [ord(c) % 200 for c in question[:10]]
@@ -57,7 +61,7 @@ class ScriptedPolicy:
                         list(p),
                         ids,
                         text,
-                        [-0.5] * len(ids),
+                        self.logprobs(text),
                         [(i, i + 1) for i in range(len(text))],
                         finished=False,
                     )
@@ -229,3 +233,28 @@ def test_a_call_an_edit_runs_early_is_counted_for_its_original() -> None:
     assert traces[0].agent_calls == 3 and traces[1].agent_calls == 1  # the edit really ran only its own a2
     assert [a.agent_id for a in traces[1].agents if not a.cached] == ["a2"]
     assert traces[0].agents[2].latency_s == 0.5 and traces[1].agents[-1].latency_s == 0.0
+
+
+def test_uncertain_edit_choice_probes_the_fields_the_policy_hesitated_over() -> None:
+    """edit_choice: uncertain with no floor: a chain's dependencies and duties were written with p = 1, its
+    capacities with p < 1, so every edit is a capacity downgrade; p(span) is the product over the span's tokens."""
+    spec = chain("large", length=3)
+    text = spec_completion(spec)
+    hesitant = {i for start in range(len(text)) if text.startswith("large", start) for i in range(start, start + 5)}
+
+    def logprobs(t: str) -> list[float]:
+        return [-0.3 if i in hesitant else 0.0 for i in range(len(t))]
+
+    policy = ScriptedPolicy([text], logprobs)
+    for choice, only_capacities in (("uncertain", True), ("family", False)):
+        cfg = RolloutConfig(group_size=4, edits_per_spec=2, edit_choice=choice, edit_floor=0.0)
+        records, _ = collect_rollouts(policy, TASKS, POOL, cfg, RewardConfig(), EditFamilySampler(floor=0.0),
+                                      step=1, seed=0, scorer=_score)
+        families = {e.family for r in records for e in r.edits}
+        assert all(len(r.edits) == 2 for r in records)
+        assert (families == {"capacity_downgrade"}) is only_capacities, (choice, families)
+    edit = records[0].edits[0]
+    capacity = next(e for r in records for e in r.edits if e.family == "capacity_downgrade")
+    assert span_probability(records[0], capacity.span) == pytest.approx(math.exp(-0.3 * 5))
+    if edit.family != "capacity_downgrade":
+        assert span_probability(records[0], edit.span) == 1.0
