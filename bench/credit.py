@@ -346,6 +346,13 @@ paper's sampler at the same seeds:
   tokens garbled the text) kept validity (1.00) but steered less than ρ = 0.5 (share -0.059 ± 0.038 against it, 6/16)
   and reached 90% of r* later on 4 seeds, sooner on none: ρ stays 0.5. Issue #10's target (<= 0.75) is NOT reached by
   either.
+  With the re-execution's noise gone as well (`--coupled-draws --edit-choice uncertain`, three checkers, seeds 0-7,
+  the cf arm merged with the coupled GRPO arm above): 8 of 8 censored, optimal share -0.027 ± 0.005 against plain GRPO
+  (cf ahead 0/8), expected reward +0.003 ± 0.010, valid 1.00: exact contrasts on the capacities, most edits on them,
+  and still no steering toward the optimum. What is left is the family itself: a policy that writes each of four
+  capacities right with p = 0.6 writes all four right 13% of the time, and each field is worth 0.08-0.12 of reward at
+  the optimum (0.596 against its one-field neighbours' 0.476-0.518 in the table the bench prints) beside a right/wrong
+  difference of 1 in a group, so getting to 90% of r* needs all four sharp at once.
 
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
