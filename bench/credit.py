@@ -353,6 +353,13 @@ paper's sampler at the same seeds:
   capacities right with p = 0.6 writes all four right 13% of the time, and each field is worth 0.08-0.12 of reward at
   the optimum (0.596 against its one-field neighbours' 0.476-0.518 in the table the bench prints) beside a right/wrong
   difference of 1 in a group, so getting to 90% of r* needs all four sharp at once.
+  Sixteen new seeds (16-31, all three arms run afresh at 2026-12-07's ff6e21d, one process each, ~35 min): plain GRPO
+  59.44 ± 6.17 steps (8 censored), the family sampler (the default) 52.56 ± 6.13 (6), `ratio=0.884` [0.78, 0.97],
+  optimal share +0.209 ± 0.072 (14/16), expected reward +0.034 ± 0.014 (11/16), valid 1.00; uncertain 52.81 ± 6.69
+  (7), `ratio=0.889` [0.80, 0.96]. Uncertain against the family sampler at these seeds: P(optimal spec) +0.038 ± 0.025
+  (9/16), expected reward -0.007 ± 0.010 (7/16), the same steps on 10 of 16 seeds. So the gain of seeds 0-15 shrinks
+  on new seeds; over all 32, P(optimal spec) +0.080 ± 0.022 (24/32) and expected reward +0.003 ± 0.006 (18/32). Over
+  the 32 seeds at the defaults, by the means: 52.50 steps against 60.78, 0.864; the target (<= 0.75) is NOT reached.
 
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 

@@ -90,8 +90,9 @@ class RolloutConfig(BaseModel):
         description="how the K edits of a spec are picked: family = the paper's adaptive family sampler (a family "
         "by its recent mean |Delta|, then an edit of it); uncertain = each edit by 1 - p(its span) under the "
         "sampling policy, so the re-executions go to the fields the policy has not decided "
-        "(counterfactual.sample_uncertain_edits). family by default: on bench/credit.py uncertain steered further "
-        "with one checker and away from the optimum with three (docs/training.md)",
+        "(counterfactual.sample_uncertain_edits). family by default: on bench/credit.py uncertain steered a little "
+        "further with one checker (P(optimal spec) +0.08 ± 0.02 over 32 seeds) and away from the optimum with three "
+        "(docs/training.md)",
     )
     edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
     sampler: Literal["transformers", "vllm"] = Field(
