@@ -158,12 +158,8 @@ class EditFamilySampler:
 
     def probabilities(self, families: Sequence[EditFamily] | None = None) -> dict[EditFamily, float]:
         fams = list(families) if families is not None else list(self.families)
-        ema = {f: self.mean_abs_delta.get(f, self.initial) for f in fams}
-        total = sum(ema.values())
-        return {
-            f: self.floor / len(fams) + (1 - self.floor) * (ema[f] / total if total > 0 else 1 / len(fams))
-            for f in fams
-        }
+        ema = [self.mean_abs_delta.get(f, self.initial) for f in fams]
+        return dict(zip(fams, floored_shares(ema, self.floor), strict=True))
 
     def update(self, family: EditFamily, delta: float) -> None:
         old = self.mean_abs_delta.get(family, self.initial)
@@ -199,8 +195,13 @@ def sample_uncertain_edits(
     left = list(zip(edits, uncertainty, strict=True))
     chosen: list[CounterfactualEdit] = []
     while len(chosen) < k and left:
-        total = sum(max(u, 0.0) for _, u in left)
-        weights = [floor / len(left) + (1 - floor) * (max(u, 0.0) / total if total > 0 else 1 / len(left))
-                   for _, u in left]
+        weights = floored_shares([max(u, 0.0) for _, u in left], floor)
         chosen.append(left.pop(rng.choices(range(len(left)), weights=weights)[0])[0])
     return chosen
+
+
+def floored_shares(weights: Sequence[float], floor: float) -> list[float]:
+    """floor / n + (1 - floor) · w_i / Σ w for each of n non-negative weights (uniform where they are all 0): how
+    both edit samplers mix what they prefer with a uniform share, so no family or field is ever starved."""
+    total = sum(weights)
+    return [floor / len(weights) + (1 - floor) * (w / total if total > 0 else 1 / len(weights)) for w in weights]
