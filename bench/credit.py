@@ -609,7 +609,7 @@ def _credit_overrides(args: argparse.Namespace) -> dict:
     return {**common, "std_floor": args.std_floor,
             "cf_max_ratio": args.cf_max_ratio if args.cf_max_ratio > 0 else None,
             "drop_uniform_success_groups": args.drop_uniform,
-            "cf_weight_by_abs_delta": args.cf_weight == "quadratic"}
+            "cf_weight_by_abs_delta": args.cf_weight == "quadratic", "cf_span_credit": args.span_credit}
 
 
 def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
@@ -730,7 +730,7 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
 # too. The options in CF_ARM_ONLY are compared only among the files' grpo+cf arms: the grpo arm samples no edits and
 # its cf_coef is 0, so its runs are the same whatever they say (tests/test_credit_bench.py checks it).
 MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge", "arms"})
-CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_weight", "cf_max_ratio", "edit_choice"})
+CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_weight", "cf_max_ratio", "edit_choice", "span_credit"})
 
 
 def merge(sources: Sequence[str | Path]) -> None:
@@ -812,6 +812,9 @@ def main() -> None:
                     help="GRPOConfig.scale_rewards: divide group-centred rewards by the group std (GRPO) or only "
                          "centre them (--no-scale-rewards, Dr. GRPO)")
     ap.add_argument("--drop-uniform", action="store_true", help="GRPOConfig.drop_uniform_success_groups")
+    ap.add_argument("--span-credit", choices=["add", "replace"], default=GRPOConfig().cf_span_credit,
+                    help="GRPOConfig.cf_span_credit: the contrast added to the group term on the span's tokens "
+                    "(capped), or standing in for it there")
     ap.add_argument("--cf-coef", type=float, default=GRPOConfig().cf_coef, help="β of the span term")
     ap.add_argument("--cf-weight", choices=["quadratic", "linear"],
                     default="quadratic" if GRPOConfig().cf_weight_by_abs_delta else "linear",
@@ -876,7 +879,7 @@ def main() -> None:
         print(f"family={FAMILY} checkers={args.checkers} optimum={best} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
               f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits} "
-              f"edit_choice={args.edit_choice}",
+              f"edit_choice={args.edit_choice} span_credit={args.span_credit}",
               flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal assignment earns >= {args.fraction} r*, so the target can be met without "

@@ -19,6 +19,19 @@ s_i uses the same floor; C_i (cf_max_ratio ρ, cf_ratio_floor a_min) stops a con
 the group term; optionally (drop_uniform_success_groups, DAPO) a group whose samples all have the same
 success gets Â = 0.
 
+cf_span_credit='replace' (an option; 'add' above is the default) writes the edited span's tokens with the
+contrast alone, in the spirit of COMA's counterfactual baseline (Foerster et al., AAAI 2018: one agent's
+advantage is the joint reward minus the reward with that agent's action swapped, the others held fixed):
+
+    A_{i,t} = clip(Σ_k m_{i,k,t} · Δ̃_{i,k}, −c, c)   where some edit covers t,   Â_i elsewhere
+
+Why: under 'add' the span token of a checker's `medium` still carries Â_i, the credit of whatever the rest
+of the spec earned; the contrast only corrects it by at most ρ times that. 'replace' gives the field the
+measured effect of its own value (Δ̃ = Â_i − Â(edit) is on the advantage's scale, so no β and no cap:
+|A| <= c, the size of the largest group advantage). The baseline is one edit, not the expectation over
+the field's values that COMA takes, and it depends on the sampled value (downgrades only exist above
+`small`), so it is not an unbiased baseline; bench/credit.py measures what it does.
+
 so the group advantage is shared by every token, while the counterfactual contrast lands only on the
 tokens of the field that was edited (a role, a duty, a capacity level, one dependency). Δ > 0 means
 the original value beat the edit, so its tokens are reinforced; Δ < 0 means the edit was better, so
@@ -144,6 +157,14 @@ class GRPOConfig(BaseModel):
         "ahead on 16/16 seeds; expected reward +0.030 ± 0.012); ρ = 0.25 gave +0.157 ± 0.031; ρ = 1 "
         "+0.294 ± 0.059 but valid 0.986 and 0.970 (docs/training.md). None = no cap (the paper's unscaled "
         "formula).",
+    )
+    cf_span_credit: Literal["add", "replace"] = Field(
+        default="add",
+        description="How the contrast meets the group term on an edited span's tokens. 'add' (default): "
+        "Â + the capped span term (cf_coef, cf_weight_by_abs_delta, cf_max_ratio, cf_ratio_floor). 'replace': "
+        "the span's tokens get Σ Δ̃ clipped to ±cf_clip and no group term (a COMA-style counterfactual "
+        "advantage; module docstring): the field is credited with its own measured effect, not with the rest "
+        "of the spec's. cf_coef = 0 still turns the span term off in both.",
     )
     cf_ratio_floor: float = Field(
         default=0.5, gt=0,
@@ -394,6 +415,25 @@ def cap_span_term(span_adv: Tensor, group_adv: float, max_ratio: float | None, r
     return span_adv.clamp(min=-bound, max=bound)
 
 
+def replaced_span_advantages(
+    group_adv: float, seq_len: int, edits: Sequence[tuple[Tensor, float]], delta_divisor: float,
+    delta_clip: float | None,
+) -> Tensor:
+    """cf_span_credit='replace': A_t = clip(Σ_k m_k,t · Δ̃_k, ±c) on tokens some edit covers, Â elsewhere.
+
+    The contrast stands in for the group term on its field's tokens (module docstring); an edit whose
+    contrast is 0 (the field did not change the reward) leaves its tokens with advantage 0.
+    """
+    contrast = counterfactual_token_advantages(
+        seq_len, edits, 1.0, weight_by_abs_delta=False, delta_divisor=delta_divisor, delta_clip=delta_clip)
+    if delta_clip is not None:
+        contrast = contrast.clamp(min=-delta_clip, max=delta_clip)
+    covered = torch.zeros(seq_len, dtype=torch.bool)
+    for mask, _ in edits:
+        covered |= torch.as_tensor(mask)
+    return torch.where(covered, contrast, torch.full((seq_len,), float(group_adv), dtype=torch.float32))
+
+
 SpanEdit = tuple[Tensor, float, str]  # (token mask over the completion, Δ = r − r_edit, edit family)
 
 
@@ -431,7 +471,8 @@ def credit_advantages(
     benchmark score; None for a spec that did not parse), its number of completion tokens, and its
     counterfactual edits as (token mask, Δ, family). Δ is divided by the row's contrast divisor
     (max(σ, std_floor)), clipped to cf_clip, weighted (cf_weight_by_abs_delta), summed over edits and
-    capped at cf_max_ratio · max(|Â|, cf_ratio_floor). With drop_uniform_success_groups, Â = 0 for
+    capped at cf_max_ratio · max(|Â|, cf_ratio_floor) (cf_span_credit='replace': the clipped contrast stands in
+    for Â on the span's tokens, replaced_span_advantages). With drop_uniform_success_groups, Â = 0 for
     every row of a group whose successes are all equal; its span terms stay (capped by the floor).
     """
     n = len(rewards)
@@ -453,6 +494,9 @@ def credit_advantages(
             by_family.setdefault(str(family), []).append(min(scaled, cfg.cf_clip or scaled))
         if not row_edits or cfg.cf_coef == 0:
             out.append(token_advantages(adv, lengths[row]))
+            continue
+        if cfg.cf_span_credit == "replace":
+            out.append(replaced_span_advantages(adv, lengths[row], row_edits, divisors[row], cfg.cf_clip))
             continue
         span = counterfactual_token_advantages(
             lengths[row], row_edits, cfg.cf_coef, cfg.cf_weight_by_abs_delta, divisors[row], cfg.cf_clip

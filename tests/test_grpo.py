@@ -18,6 +18,7 @@ from lemon_core.grpo import (
     group_advantages,
     grpo_loss,
     k3_kl,
+    replaced_span_advantages,
     span_mask_from_tokenizer,
     span_token_mask,
     token_advantages,
@@ -338,6 +339,37 @@ def test_span_term_never_outweighs_the_group_term_by_more_than_the_ratio() -> No
         assert (adv - a).abs().max().item() <= bound + 1e-5
         hit += int(((adv - a).abs() > bound - 1e-5).sum())
     assert credit.capped_tokens > 0 and hit >= credit.capped_tokens
+
+
+def test_replace_mode_gives_the_span_its_contrast_and_no_group_term() -> None:
+    """cf_span_credit='replace': a right spec (Â = +1) whose checker `medium` cost 0.05 more than a `small` one
+    gets -0.05/σ on the checker's tokens, not +1 - 0.1 as under 'add'; its other tokens keep Â."""
+    rewards = [1.0, 0.0, 1.0, 0.0]  # σ = 0.5, Â = ±1
+    ids = ["t"] * 4
+    checker, solver = torch.tensor([False, True, False, False]), torch.tensor([False, False, False, True])
+    edits = [[(checker, -0.05, "capacity_downgrade"), (solver, 0.9, "capacity_downgrade")], [], [], []]
+    replace = credit_advantages(rewards, ids, [1.0, 0.0, 1.0, 0.0], [4] * 4, edits,
+                                GRPOConfig(cf_span_credit="replace"))
+    assert replace.advantages[0].tolist() == pytest.approx([1.0, -0.1, 1.0, 1.8], abs=1e-5)
+    assert replace.advantages[1].tolist() == pytest.approx([-1.0] * 4, abs=1e-5)  # no edits: the group term
+    added = credit_advantages(rewards, ids, [1.0, 0.0, 1.0, 0.0], [4] * 4, edits, GRPOConfig())
+    # 'add': the checker keeps most of the spec's credit, 1 + 4·(-0.1) = 0.6; the solver 1 + 4·1.8, capped at 1 + 0.5
+    assert added.advantages[0].tolist() == pytest.approx([1.0, 0.6, 1.0, 1.5], abs=1e-5)
+    # each contrast is clipped to ±cf_clip (3 -> 2), overlapping edits then add (2 - 0.5) and the sum is clipped
+    # again; an edit that changed nothing leaves its tokens at 0
+    both = torch.tensor([True, True, False])
+    adv = replaced_span_advantages(-0.7, 3, [(both, 3.0), (torch.tensor([True, False, False]), -0.5),
+                                             (torch.tensor([False, False, True]), 0.0)], 1.0, 2.0)
+    assert adv.tolist() == pytest.approx([1.5, 2.0, 0.0])
+    two = [(both, 1.5), (both, 1.5)]
+    assert replaced_span_advantages(0.0, 3, two, 1.0, 2.0).tolist() == pytest.approx([2.0, 2.0, 0.0])
+    assert replaced_span_advantages(-0.7, 2, [(torch.tensor([False, True]), -0.5)], 0.5, None).tolist() == \
+        pytest.approx([-0.7, -1.0])
+    off = credit_advantages(rewards, ids, [1.0, 0.0, 1.0, 0.0], [4] * 4, edits,
+                            GRPOConfig(cf_span_credit="replace", cf_coef=0.0))
+    assert off.advantages[0].tolist() == pytest.approx([1.0] * 4, abs=1e-5)  # cf_coef 0: plain GRPO in both modes
+    with pytest.raises(ValidationError, match="cf_span_credit"):
+        GRPOConfig(cf_span_credit="swap")
 
 
 def test_drop_uniform_success_groups_zeroes_the_group_term_keeps_span_terms() -> None:
