@@ -140,13 +140,13 @@ def test_both_credit_formulas_honour_scale_rewards() -> None:
     and each keeps its own floor, cap and drop settings."""
     for scale in (True, False):
         args = argparse.Namespace(credit="legacy", scale_rewards=scale, std_floor=0.05, cf_max_ratio=2.0,
-                                  drop_uniform=True, cf_weight="linear")
+                                  drop_uniform=True, cf_weight="linear", span_credit="replace")
         assert _credit()._credit_overrides(args) == {
             "scale_rewards": scale, "std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
         args.credit = "calibrated"
         assert _credit()._credit_overrides(args) == {
             "scale_rewards": scale, "std_floor": 0.05, "cf_max_ratio": 2.0, "drop_uniform_success_groups": True,
-            "cf_weight_by_abs_delta": False}
+            "cf_weight_by_abs_delta": False, "cf_span_credit": "replace"}
 
 
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
