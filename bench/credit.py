@@ -398,7 +398,7 @@ from tiny_models import build_tiny_chat_model  # noqa: E402
 
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
-from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES  # noqa: E402
+from lemon_core.counterfactual import ALL_FAMILIES, PAPER_FAMILIES, EditFamily  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
 from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
@@ -575,9 +575,13 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
     )
 
 
+# --families reset: the paper's three with the capacity contrast taken against the cheapest level, not one level down
+RESET_FAMILIES = (EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_reset)
+
+
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
-    families = ALL_FAMILIES if args.families == "all" else PAPER_FAMILIES
+    families = {"paper": PAPER_FAMILIES, "all": ALL_FAMILIES, "reset": RESET_FAMILIES}[args.families]
     best = optimum(args.checkers)
     cfg = base.model_copy(update={
         "model": str(sft_model),
@@ -802,8 +806,9 @@ def main() -> None:
     ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
     ap.add_argument("--edit-choice", choices=["family", "uncertain"], default=RolloutConfig().edit_choice,
                     help="rollout.edit_choice: the paper's adaptive family sampler, or each edit by 1 - p(its span)")
-    ap.add_argument("--families", choices=["paper", "all"], default="paper",
-                    help="edit families: the paper's three, or all (adds capacity_upgrade)")
+    ap.add_argument("--families", choices=["paper", "all", "reset"], default="paper",
+                    help="edit families: the paper's three, all (adds capacity_upgrade), or reset (capacity_reset "
+                    "in place of capacity_downgrade)")
     ap.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
                     help="calibrated: the std floor, cap and drop settings below; legacy: the paper's formula")
     ap.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor)

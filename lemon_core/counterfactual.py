@@ -21,6 +21,10 @@ and one family beyond the paper's three, off unless asked for (``families=ALL_FA
   seed - noise); on 2026-12-05, seeds 0-3 at 20 steps gave steps-to-target ratios of 0.913 with it (K=2)
   and 1.043 (K=4) against GRPO, where the paper's three give 0.988 over 16 seeds: no gain beyond noise.
   Turn it on (``families=ALL_FAMILIES``) where a collapse to the cheapest level is a risk.
+- ``capacity_reset`` (an experiment, in neither tuple): move one agent to the pool's cheapest level, the same
+  reference whatever its level; an agent already there gets the unchanged spec, whose re-execution is all
+  node-cache hits and whose contrast is exactly 0. So Δ = r(v, rest) − r(cheapest, rest) is a baseline that does
+  not depend on the sampled value v, which a one-level downgrade's is not (bench/credit.py, span credit 'replace').
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
@@ -51,12 +55,13 @@ class EditFamily(StrEnum):
     duty_rollback = "duty_rollback"
     capacity_downgrade = "capacity_downgrade"
     capacity_upgrade = "capacity_upgrade"
+    capacity_reset = "capacity_reset"
 
 
 PAPER_FAMILIES: tuple[EditFamily, ...] = (
     EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_downgrade,
 )
-ALL_FAMILIES: tuple[EditFamily, ...] = tuple(EditFamily)
+ALL_FAMILIES: tuple[EditFamily, ...] = tuple(f for f in EditFamily if f is not EditFamily.capacity_reset)
 DEFAULT_FAMILIES = PAPER_FAMILIES
 
 
@@ -133,6 +138,12 @@ def _all_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[CounterfactualEdi
                 _replace_agent(spec, agent.id, capacity=higher),
                 f"{agent.id}: capacity {agent.capacity} -> {higher}",
             ))
+        reference = pool.level_names[0]
+        edits.append(CounterfactualEdit(
+            EditFamily.capacity_reset, agent.id, spans[(agent.id, "capacity")],
+            _replace_agent(spec, agent.id, capacity=reference),
+            f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)",
+        ))
     return edits
 
 

@@ -184,3 +184,25 @@ def test_uncertain_edits_are_drawn_by_one_minus_span_probability() -> None:
     assert 0.35 < sum((e.family, e.agent_id) not in undecided for e in floored) / 4000 < 0.40  # 0.5 * 6 / 8
     with pytest.raises(ValueError, match="one per edit"):
         sample_uncertain_edits(edits, u[:-1], 1, random.Random(0))
+
+
+def test_capacity_reset_contrasts_every_agent_with_the_cheapest_level() -> None:
+    """capacity_reset (an experiment, in neither family tuple): one edit per agent, to the pool's cheapest level; an
+    agent already there gets the unchanged spec, whose re-execution is all cache hits and whose contrast is 0."""
+    parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
+    assert EditFamily.capacity_reset not in ALL_FAMILIES and EditFamily.capacity_reset not in PAPER_FAMILIES
+    assert not [e for e in counterfactual_edits(parsed, POOL, ALL_FAMILIES) if e.family is EditFamily.capacity_reset]
+    resets = {e.agent_id: e for e in counterfactual_edits(parsed, POOL, [EditFamily.capacity_reset])}
+    assert set(resets) == {"plan", "solve", "check"}  # plan is already small: it still gets one
+    for agent_id, e in resets.items():
+        assert parsed.text[e.span[0] : e.span[1]] == SPEC.agent(agent_id).capacity
+        assert e.spec.agent(agent_id).capacity == "small"
+    assert resets["plan"].spec == SPEC
+    assert sum(a != b for a, b in zip(SPEC.agents, resets["solve"].spec.agents, strict=True)) == 1
+    task = Example(id="t/reset", benchmark="multiarith", question="Ann has 2 cats and gets 5. How many?", answer="7",
+                   answer_format="Answer with a number.")
+    register_examples([task])
+    cache = ExecutionCache()
+    [original] = execute_specs([SPEC], [task], POOL, cache=cache, seed=5)
+    [same] = execute_specs([resets["plan"].spec], [task], POOL, cache=cache, seed=5)
+    assert all(a.cached for a in same.agents) and same.answer == original.answer and same.cost == original.cost
