@@ -24,7 +24,8 @@ and one family beyond the paper's three, off unless asked for (``families=ALL_FA
 - ``capacity_reset`` (an experiment, in neither tuple): move one agent to the pool's cheapest level, the same
   reference whatever its level; an agent already there gets the unchanged spec, whose re-execution is all
   node-cache hits and whose contrast is exactly 0. So Δ = r(v, rest) − r(cheapest, rest) is a baseline that does
-  not depend on the sampled value v, which a one-level downgrade's is not (bench/credit.py, span credit 'replace').
+  not depend on the sampled value v, which a one-level downgrade's is not. Made for ``GRPOConfig.cf_span_credit:
+  replace`` (where a value-dependent baseline biased the policy toward `medium`); its figures are there.
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only

@@ -19,6 +19,15 @@ s_i uses the same floor; C_i (cf_max_ratio ρ, cf_ratio_floor a_min) stops a con
 the group term; optionally (drop_uniform_success_groups, DAPO) a group whose samples all have the same
 success gets Â = 0.
 
+so the group advantage is shared by every token, while the counterfactual contrast lands only on the
+tokens of the field that was edited (a role, a duty, a capacity level, one dependency). Δ > 0 means
+the original value beat the edit, so its tokens are reinforced; Δ < 0 means the edit was better, so
+they are pushed down. The paper writes the term on raw Δ (s_i = 1, no clip); but Â is in units of
+the group's reward std, so a raw Δ (reward units, often ~0.1) is lost next to Â (~±1). With
+cf_delta_scale='group_std', s_i = σ + ε of i's group, so Δ̃ = Â_i − Â(edit) is how many group
+advantage units the edit moves the completion, and the clip c (cf_clip) bounds the rare contrast
+that is huge relative to a near-constant group (see contrast_divisors).
+
 cf_span_credit='replace' (an option; 'add' above is the default) writes the edited span's tokens with the
 contrast alone, in the spirit of COMA's counterfactual baseline (Foerster et al., AAAI 2018: one agent's
 advantage is the joint reward minus the reward with that agent's action swapped, the others held fixed):
@@ -29,17 +38,10 @@ Why: under 'add' the span token of a checker's `medium` still carries Â_i, the 
 of the spec earned; the contrast only corrects it by at most ρ times that. 'replace' gives the field the
 measured effect of its own value (Δ̃ = Â_i − Â(edit) is on the advantage's scale, so no β and no cap:
 |A| <= c, the size of the largest group advantage). The baseline is one edit, not the expectation over
-the field's values that COMA takes, and it depends on the sampled value (downgrades only exist above
-`small`), so it is not an unbiased baseline; bench/credit.py measures what it does.
-
-so the group advantage is shared by every token, while the counterfactual contrast lands only on the
-tokens of the field that was edited (a role, a duty, a capacity level, one dependency). Δ > 0 means
-the original value beat the edit, so its tokens are reinforced; Δ < 0 means the edit was better, so
-they are pushed down. The paper writes the term on raw Δ (s_i = 1, no clip); but Â is in units of
-the group's reward std, so a raw Δ (reward units, often ~0.1) is lost next to Â (~±1). With
-cf_delta_scale='group_std', s_i = σ + ε of i's group, so Δ̃ = Â_i − Â(edit) is how many group
-advantage units the edit moves the completion, and the clip c (cf_clip) bounds the rare contrast
-that is huge relative to a near-constant group (see contrast_divisors).
+the field's values that COMA takes. With the paper's one-level downgrades it depends on the sampled value
+(`large` is measured against `medium`, `medium` against `small`), which biased the policy toward `medium` on
+bench/credit.py; the edit family ``capacity_reset`` (counterfactual.py) measures every level against the
+pool's cheapest, a reference that does not depend on the value. Figures: GRPOConfig.cf_span_credit.
 
 The loss is the PPO/GRPO clipped surrogate on those token advantages plus a KL penalty to a frozen
 reference (k3 estimator), aggregated over tokens:
@@ -164,7 +166,12 @@ class GRPOConfig(BaseModel):
         "Â + the capped span term (cf_coef, cf_weight_by_abs_delta, cf_max_ratio, cf_ratio_floor). 'replace': "
         "the span's tokens get Σ Δ̃ clipped to ±cf_clip and no group term (a COMA-style counterfactual "
         "advantage; module docstring): the field is credited with its own measured effect, not with the rest "
-        "of the spec's. cf_coef = 0 still turns the span term off in both.",
+        "of the spec's. cf_coef = 0 still turns the span term off in both. 'replace' sets aside the cap on those "
+        "tokens, so it is not the default. Measured on bench/credit.py (2026-12-07, K = 2, 80 steps): with the "
+        "paper's one-level downgrades it is worse than plain GRPO (the baseline depends on the sampled level: the "
+        "policy settled on a `medium` solver); with the capacity_reset edit family, steps-to-target ratio 0.784 "
+        "[0.69, 0.88] over 32 seeds against the default's 0.864, but the same expected reward as the default "
+        "(+0.001 ± 0.018) and valid 0.98 against 0.99 (garbled roles and duties on 3 of 32 seeds).",
     )
     cf_ratio_floor: float = Field(
         default=0.5, gt=0,
