@@ -915,6 +915,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.checkers < 1:
         ap.error(f"--checkers {args.checkers}: give 1 or more (the solver's answer needs a checker to read it)")
+    if args.credit == "legacy" and args.span_credit != "add":
+        ap.error("--span-credit replace needs --credit calibrated: --credit legacy is the paper's formula, which adds "
+                 "the contrast to the group term")
     if args.merge:
         return merge(args.merge)
     torch.set_num_threads(1)

@@ -82,7 +82,8 @@ class RolloutConfig(BaseModel):
         default_factory=lambda: ["drop_dependency", "duty_rollback", "capacity_downgrade"],
         description="counterfactual edit families probed (the paper's three); add capacity_upgrade to also "
         "probe one level up (off by default: on bench/credit.py it took the span term's gain in the optimal-pair "
-        "share, +0.146 ± 0.039 with the paper's three, to -0.004 ± 0.053, 16 seeds, 2026-12-05)",
+        "share, +0.146 ± 0.039 with the paper's three, to -0.004 ± 0.053, 16 seeds, 2026-12-05); capacity_reset "
+        "(an agent's level against the pool's cheapest) is an experiment made for grpo.cf_span_credit: replace",
     )
     edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit sampling (either edit_choice)")
     edit_choice: Literal["family", "uncertain"] = Field(

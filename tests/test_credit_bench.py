@@ -149,6 +149,15 @@ def test_both_credit_formulas_honour_scale_rewards() -> None:
             "cf_weight_by_abs_delta": False, "cf_span_credit": "replace"}
 
 
+def test_replace_span_credit_is_refused_with_the_legacy_formula(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--credit legacy returns the paper's formula whatever else is asked, so 'replace' with it would be ignored."""
+    monkeypatch.setattr(sys, "argv", ["credit.py", "--credit", "legacy", "--span-credit", "replace"])
+    with pytest.raises(SystemExit) as exit_info:
+        _credit().main()
+    assert exit_info.value.code == 2 and "--span-credit replace needs --credit calibrated" in capsys.readouterr().err
+
+
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
     """--prices rewrites the simulated pool's prices (output twice the input): with the shipped ones a non-optimal
     pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;
