@@ -411,6 +411,14 @@ edit where COMA takes the expectation over the agent's other actions). The cf ar
   the dependency's tokens), 669 resets (0.31) and 357 duty rollbacks (0.15). Issue #10's target (<= 0.75) is NOT
   reached; the defaults stay `add` with the paper's families: 'replace' sets aside the cap the issue asks for (the span
   term at most ρ times the group term) and costs validity on uncoupled draws, for no reward over the default.
+  The reference level under the default capped formula (`--families reset`, `add`; uncoupled, the cf arm alone):
+  seeds 0-15 49.75 ± 6.12 steps (4 censored), ratio=0.801 [0.64, 0.95]; seeds 16-31 46.75 ± 6.24 (5), 0.787 [0.64,
+  0.92]; over the 32 seeds 48.25 ± 4.30 (9) against 60.78, ratio=0.794 [0.69, 0.89], expected reward +0.055 ± 0.010
+  over plain GRPO (29/32), valid 1.00. Against the paper's downgrade (the family sampler, the default) at the same
+  32 seeds: steps -4.25 ± 1.68 (sooner on 12, tied on 16, later on 4), expected reward +0.018 ± 0.012 (19/32),
+  P(optimal spec) +0.082 ± 0.030 (23/32), valid 0.998 against 0.992. It replicates and keeps the cap and validity,
+  so it is the candidate for the default capacity edit; not yet switched (that changes every run's edits, so
+  bench/learning.py and `make run` are to be re-measured with it). Target (<= 0.75): NOT reached.
 
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
