@@ -62,7 +62,7 @@ class EditFamily(StrEnum):
 PAPER_FAMILIES: tuple[EditFamily, ...] = (
     EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_downgrade,
 )
-ALL_FAMILIES: tuple[EditFamily, ...] = tuple(f for f in EditFamily if f is not EditFamily.capacity_reset)
+ALL_FAMILIES: tuple[EditFamily, ...] = (*PAPER_FAMILIES, EditFamily.capacity_upgrade)
 DEFAULT_FAMILIES = PAPER_FAMILIES
 
 
@@ -105,46 +105,31 @@ def counterfactual_edits(
 ) -> list[CounterfactualEdit]:
     """Every possible single-field edit of ``parsed.spec`` in ``families`` (default: the paper's three)."""
     wanted = set(parse_families(families))
-    return [e for e in _all_edits(parsed, pool) if e.family in wanted]
-
-
-def _all_edits(parsed: ParsedSpec, pool: CapacityPool) -> list[CounterfactualEdit]:
     spec, spans = parsed.spec, parsed.spans
     edits: list[CounterfactualEdit] = []
+
+    def add(family: EditFamily, agent_id: str, field: str, description: str, **update: object) -> None:
+        if family in wanted:  # build only the edits asked for: each is a validated copy of the spec
+            edited = _replace_agent(spec, agent_id, **update)
+            edits.append(CounterfactualEdit(family, agent_id, spans[(agent_id, field)], edited, description))
+
     for agent in spec.agents:
         for i, parent in enumerate(agent.depends_on):
-            kept = [p for p in agent.depends_on if p != parent]
-            edits.append(CounterfactualEdit(
-                EditFamily.drop_dependency, agent.id, spans[(agent.id, f"depends_on[{i}]")],
-                _replace_agent(spec, agent.id, depends_on=kept), f"{agent.id}: drop dependency on {parent}",
-            ))
+            add(EditFamily.drop_dependency, agent.id, f"depends_on[{i}]", f"{agent.id}: drop dependency on {parent}",
+                depends_on=[p for p in agent.depends_on if p != parent])
         default_duty = BASE_ROLES[agent.base_role]
         if agent.duty.strip() != default_duty:
-            edits.append(CounterfactualEdit(
-                EditFamily.duty_rollback, agent.id, spans[(agent.id, "duty")],
-                _replace_agent(spec, agent.id, duty=default_duty),
-                f"{agent.id}: duty back to the {agent.base_role} default",
-            ))
-        lower = pool.downgrade(agent.capacity)
-        if lower is not None:
-            edits.append(CounterfactualEdit(
-                EditFamily.capacity_downgrade, agent.id, spans[(agent.id, "capacity")],
-                _replace_agent(spec, agent.id, capacity=lower),
-                f"{agent.id}: capacity {agent.capacity} -> {lower}",
-            ))
-        higher = upgrade(pool, agent.capacity)
-        if higher is not None:
-            edits.append(CounterfactualEdit(
-                EditFamily.capacity_upgrade, agent.id, spans[(agent.id, "capacity")],
-                _replace_agent(spec, agent.id, capacity=higher),
-                f"{agent.id}: capacity {agent.capacity} -> {higher}",
-            ))
+            add(EditFamily.duty_rollback, agent.id, "duty", f"{agent.id}: duty back to the {agent.base_role} default",
+                duty=default_duty)
+        if (lower := pool.downgrade(agent.capacity)) is not None:
+            add(EditFamily.capacity_downgrade, agent.id, "capacity",
+                f"{agent.id}: capacity {agent.capacity} -> {lower}", capacity=lower)
+        if (higher := upgrade(pool, agent.capacity)) is not None:
+            add(EditFamily.capacity_upgrade, agent.id, "capacity",
+                f"{agent.id}: capacity {agent.capacity} -> {higher}", capacity=higher)
         reference = pool.level_names[0]
-        edits.append(CounterfactualEdit(
-            EditFamily.capacity_reset, agent.id, spans[(agent.id, "capacity")],
-            _replace_agent(spec, agent.id, capacity=reference),
-            f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)",
-        ))
+        add(EditFamily.capacity_reset, agent.id, "capacity",
+            f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)
     return edits
 
 
