@@ -1,17 +1,26 @@
-"""Localized counterfactual edits of an orchestration spec (the paper's three edit families).
+"""Localized counterfactual edits of an orchestration spec (dependency, duty and capacity edits).
 
 Each edit changes exactly one field of one agent and remembers the character span of that field
 in the orchestrator's original completion. After re-execution (with the node cache, so everything
 upstream of the edited agent is held fixed), the contrast Delta = r(original) - r(edited) says how
 much that one decision was worth; the GRPO loss applies it to the tokens of that span only.
 
-Families:
+Families (``DEFAULT_FAMILIES``, what ``rollout.edit_families`` probes unless told otherwise):
 - ``drop_dependency``: remove one ``depends_on`` entry (span: that entry).
 - ``duty_rollback``: replace a customised duty by its base role's default duty (span: the duty).
-- ``capacity_downgrade``: move one agent one capacity level down (span: the capacity value).
+- ``capacity_reset``: move one agent above the pool's cheapest level to that level (span: the capacity value).
+  Every level is contrasted with the same reference, so Δ = r(v, rest) − r(cheapest, rest) ranks the levels
+  v of a field the way their rewards do; a one-level downgrade's reference moves with v (below). On a two-level
+  pool (configs/pool-cpu.yaml) it is the downgrade, edit for edit. Default since 2026-12-07: on bench/credit.py
+  (one checker, 32 seeds) 46.78 steps to 90% of r* against 52.50 with downgrades (−5.7 ± 2.1 paired, later on 2
+  seeds), P(optimal spec) +0.16 ± 0.04, valid 0.995 against 0.992; bench/credit.py's docstring has the table.
 
-and one family beyond the paper's three, off unless asked for (``families=ALL_FAMILIES``):
+The paper's capacity edit as lemon first built it, and one more, off unless asked for:
 
+- ``capacity_downgrade``: move one agent one capacity level down (``PAPER_FAMILIES`` = the dependency and duty
+  edits and this one). With a `small` checker, E[r] is 0.638 / 0.461 / 0.242 for a large / medium / small solver
+  on bench/credit.py, so a downgrade credits `large` with 0.177 and `medium` with 0.219: the reference depends on
+  the sampled value, and the contrast prefers `medium`.
 - ``capacity_upgrade``: move one agent one capacity level up (span: the capacity value). Without it a
   ``small`` agent is never probed - downgrades only point cheaper - so a policy that collapsed to
   ``small`` everywhere gets no span signal that one of its agents needs more capacity.
@@ -20,12 +29,14 @@ and one family beyond the paper's three, off unless asked for (``families=ALL_FA
   the optimum (both censored; final reward -0.40 with it vs -0.43 without, 4 epochs per batch, one
   seed - noise); on 2026-12-05, seeds 0-3 at 20 steps gave steps-to-target ratios of 0.913 with it (K=2)
   and 1.043 (K=4) against GRPO, where the paper's three give 0.988 over 16 seeds: no gain beyond noise.
-  Turn it on (``families=ALL_FAMILIES``) where a collapse to the cheapest level is a risk.
-- ``capacity_reset`` (an experiment, in neither tuple): move one agent to the pool's cheapest level, the same
-  reference whatever its level; an agent already there gets the unchanged spec, whose re-execution is all
-  node-cache hits and whose contrast is exactly 0. So Δ = r(v, rest) − r(cheapest, rest) is a baseline that does
-  not depend on the sampled value v, which a one-level downgrade's is not. Made for ``GRPOConfig.cf_span_credit:
-  replace`` (where a value-dependent baseline biased the policy toward `medium`); its figures are there.
+  Turn it on (``families=ALL_FAMILIES``, the paper's three and this one) where a collapse to the cheapest
+  level is a risk.
+
+``null_resets=True`` (``rollout.null_resets``) also gives each agent already at the cheapest level a reset, the
+unchanged spec: its re-execution is all node-cache hits and its contrast exactly 0. That zero matters only under
+``GRPOConfig.cf_span_credit: replace``, where it stands in for the group term on the agent's capacity span; under
+the default ``add`` it spends one of the K edits on nothing (with it, bench/credit.py gave 48.25 steps over the
+32 seeds, without it 46.78).
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
@@ -63,7 +74,9 @@ PAPER_FAMILIES: tuple[EditFamily, ...] = (
     EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_downgrade,
 )
 ALL_FAMILIES: tuple[EditFamily, ...] = (*PAPER_FAMILIES, EditFamily.capacity_upgrade)
-DEFAULT_FAMILIES = PAPER_FAMILIES
+DEFAULT_FAMILIES: tuple[EditFamily, ...] = (
+    EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_reset,
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +115,10 @@ def parse_families(names: Collection[str | EditFamily]) -> tuple[EditFamily, ...
 
 def counterfactual_edits(
     parsed: ParsedSpec, pool: CapacityPool, families: Collection[str | EditFamily] = DEFAULT_FAMILIES,
+    *, null_resets: bool = False,
 ) -> list[CounterfactualEdit]:
-    """Every possible single-field edit of ``parsed.spec`` in ``families`` (default: the paper's three)."""
+    """Every possible single-field edit of ``parsed.spec`` in ``families``. ``null_resets`` adds a
+    ``capacity_reset`` that changes nothing for each agent already at the cheapest level (module docstring)."""
     wanted = set(parse_families(families))
     spec, spans = parsed.spec, parsed.spans
     edits: list[CounterfactualEdit] = []
@@ -128,16 +143,17 @@ def counterfactual_edits(
             add(EditFamily.capacity_upgrade, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {higher}", capacity=higher)
         reference = pool.level_names[0]
-        add(EditFamily.capacity_reset, agent.id, "capacity",
-            f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)
+        if null_resets or agent.capacity != reference:
+            add(EditFamily.capacity_reset, agent.id, "capacity",
+                f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)
     return edits
 
 
 class EditFamilySampler:
     """Adaptive choice of edit families: p(f) = floor/F + (1 - floor) * ema|Delta|_f / sum ema|Delta|.
 
-    Only ``families`` are ever sampled (default: the paper's three; ``ALL_FAMILIES`` adds
-    ``capacity_upgrade``). ``mean_abs_delta`` keeps an entry for every family so checkpoints have one
+    Only ``families`` are ever sampled (default ``DEFAULT_FAMILIES``; ``PAPER_FAMILIES`` and ``ALL_FAMILIES``
+    in the module docstring). ``mean_abs_delta`` keeps an entry for every family so checkpoints have one
     shape; a family missing from a restored dict (an older checkpoint) starts at ``initial``.
     """
 

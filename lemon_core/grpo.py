@@ -40,8 +40,9 @@ measured effect of its own value (Δ̃ = Â_i − Â(edit) is on the advantage's
 |A| <= c, the size of the largest group advantage). The baseline is one edit, not the expectation over
 the field's values that COMA takes. With the paper's one-level downgrades it depends on the sampled value
 (`large` is measured against `medium`, `medium` against `small`), which biased the policy toward `medium` on
-bench/credit.py; the edit family ``capacity_reset`` (counterfactual.py) measures every level against the
-pool's cheapest, a reference that does not depend on the value. Figures: GRPOConfig.cf_span_credit.
+bench/credit.py; the edit family ``capacity_reset`` (counterfactual.py, the default) measures every level
+against the pool's cheapest, a reference that does not depend on the value; with ``rollout.null_resets`` a level
+already at the cheapest gets a zero contrast in place of its group term. Figures: GRPOConfig.cf_span_credit.
 
 The loss is the PPO/GRPO clipped surrogate on those token advantages plus a KL penalty to a frozen
 reference (k3 estimator), aggregated over tokens:
@@ -169,9 +170,10 @@ class GRPOConfig(BaseModel):
         "of the spec's. cf_coef = 0 still turns the span term off in both. 'replace' sets aside the cap on those "
         "tokens, so it is not the default. Measured on bench/credit.py (2026-12-07, K = 2, 80 steps): with the "
         "paper's one-level downgrades it is worse than plain GRPO (the baseline depends on the sampled level: the "
-        "policy settled on a `medium` solver); with the capacity_reset edit family, steps-to-target ratio 0.784 "
-        "[0.69, 0.88] over 32 seeds against the default's 0.864, but the same expected reward as the default "
-        "(+0.001 ± 0.018) and valid 0.98 against 0.99 (garbled roles and duties on 3 of 32 seeds).",
+        "policy settled on a `medium` solver); with capacity_reset and rollout.null_resets, steps-to-target "
+        "ratio 0.784 [0.69, 0.88] over 32 seeds against 0.864 for 'add' with downgrades, but no more expected reward "
+        "(+0.001 ± 0.018) and valid 0.98 against 0.99 (garbled roles and duties on 3 of 32 seeds); 'add' with "
+        "capacity_reset (the defaults since) 0.770.",
     )
     cf_ratio_floor: float = Field(
         default=0.5, gt=0,

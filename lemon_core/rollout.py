@@ -79,11 +79,20 @@ class RolloutConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     sample_batch_size: int = Field(16, ge=1, description="completions generated together")
     edit_families: list[str] = Field(
-        default_factory=lambda: ["drop_dependency", "duty_rollback", "capacity_downgrade"],
-        description="counterfactual edit families probed (the paper's three); add capacity_upgrade to also "
-        "probe one level up (off by default: on bench/credit.py it took the span term's gain in the optimal-pair "
-        "share, +0.146 ± 0.039 with the paper's three, to -0.004 ± 0.053, 16 seeds, 2026-12-05); capacity_reset "
-        "(an agent's level against the pool's cheapest) is an experiment made for grpo.cf_span_credit: replace",
+        default_factory=lambda: ["drop_dependency", "duty_rollback", "capacity_reset"],
+        description="counterfactual edit families probed: dependency drops, duty rollbacks and capacity resets (an "
+        "agent to the pool's cheapest level; on a two-level pool the same edits as capacity_downgrade). "
+        "capacity_downgrade (one level down, the edit lemon first shipped) in place of capacity_reset was 5.7 ± 2.1 "
+        "steps slower to 90% of the optimum on bench/credit.py (32 seeds, 2026-12-07); add capacity_upgrade to also "
+        "probe one level up (off by default: it took the span term's gain in the optimal-pair share, +0.146 ± 0.039, "
+        "to -0.004 ± 0.053, 16 seeds, 2026-12-05)",
+    )
+    null_resets: bool = Field(
+        False,
+        description="with capacity_reset: also 'reset' each agent already at the pool's cheapest level, an edit that "
+        "changes nothing (its re-execution is all node-cache hits, its contrast exactly 0). Only for "
+        "grpo.cf_span_credit: replace, where that 0 stands in for the group term on the agent's capacity span; "
+        "under add it spends one of the K edits on nothing",
     )
     edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit sampling (either edit_choice)")
     edit_choice: Literal["family", "uncertain"] = Field(
@@ -361,7 +370,7 @@ def choose_edits(
     for i in valid:
         p = parsed[i]
         assert p is not None
-        candidates = counterfactual_edits(p, pool, sampler.families)
+        candidates = counterfactual_edits(p, pool, sampler.families, null_resets=cfg.null_resets)
         if cfg.edit_choice == "uncertain":
             uncertainty = [1.0 - span_probability(records[i], e.span) for e in candidates]
             chosen = sample_uncertain_edits(candidates, uncertainty, cfg.edits_per_spec, rng, floor=cfg.edit_floor)

@@ -10,6 +10,7 @@ from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import Example
 from lemon_core.counterfactual import (
     ALL_FAMILIES,
+    DEFAULT_FAMILIES,
     PAPER_FAMILIES,
     EditFamily,
     EditFamilySampler,
@@ -49,7 +50,7 @@ SPEC = OrchestrationSpec(
 
 def test_every_single_field_edit_is_listed_with_the_span_of_its_value() -> None:
     parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
-    edits = counterfactual_edits(parsed, POOL)
+    edits = counterfactual_edits(parsed, POOL, PAPER_FAMILIES)
     by = {(e.family, e.agent_id, e.description) for e in edits}
     assert len([e for e in edits if e.family is EditFamily.drop_dependency]) == 3
     assert len([e for e in edits if e.family is EditFamily.duty_rollback]) == 3
@@ -74,11 +75,11 @@ def test_sampler_keeps_a_floor_and_follows_recent_abs_delta() -> None:
     sampler = EditFamilySampler(floor=0.3, decay=0.5)
     assert all(p == pytest.approx(1 / 3) for p in sampler.probabilities().values())
     for _ in range(20):
-        sampler.update(EditFamily.capacity_downgrade, 0.8)
+        sampler.update(EditFamily.capacity_reset, 0.8)
         sampler.update(EditFamily.duty_rollback, 0.0)
         sampler.update(EditFamily.drop_dependency, 0.0)
     probs = sampler.probabilities()
-    assert probs[EditFamily.capacity_downgrade] > 0.75
+    assert probs[EditFamily.capacity_reset] > 0.75
     assert probs[EditFamily.duty_rollback] >= 0.1 - 1e-9  # floor / 3
     assert sum(probs.values()) == pytest.approx(1.0)
     parsed = parse_spec(spec_completion(SPEC), POOL)
@@ -104,7 +105,7 @@ def test_cached_reexecution_runs_only_the_edited_agent_and_its_descendants() -> 
     edits = {(e.family, e.agent_id): e for e in counterfactual_edits(parsed, POOL)}
     calls = {}
     for key in [
-        (EditFamily.capacity_downgrade, "solve"),
+        (EditFamily.capacity_reset, "solve"),
         (EditFamily.duty_rollback, "check"),
         (EditFamily.duty_rollback, "plan"),
     ]:
@@ -143,7 +144,8 @@ def test_capacity_upgrade_edit_has_the_span_of_the_capacity_value() -> None:
 def test_sampler_samples_only_its_families() -> None:
     parsed = parse_spec(spec_completion(SPEC), POOL)
     every = counterfactual_edits(parsed, POOL, ALL_FAMILIES)
-    paper = EditFamilySampler()
+    assert EditFamilySampler().families == DEFAULT_FAMILIES
+    paper = EditFamilySampler(families=PAPER_FAMILIES)
     assert paper.families == PAPER_FAMILIES and set(paper.probabilities()) == set(PAPER_FAMILIES)
     chosen = paper.sample(every, k=len(every), rng=random.Random(0))
     assert len(chosen) == 8 and all(c.family is not EditFamily.capacity_upgrade for c in chosen)
@@ -161,7 +163,7 @@ def test_sampler_samples_only_its_families() -> None:
 
 
 def test_uncertain_edits_are_drawn_by_one_minus_span_probability() -> None:
-    edits = counterfactual_edits(parse_spec(spec_completion(SPEC), POOL), POOL)
+    edits = counterfactual_edits(parse_spec(spec_completion(SPEC), POOL), POOL, PAPER_FAMILIES)
     key = [(e.family, e.agent_id) for e in edits]
     undecided = {(EditFamily.capacity_downgrade, "check"): 0.6, (EditFamily.capacity_downgrade, "solve"): 0.2}
     u = [undecided.get(k, 0.0) for k in key]
@@ -186,23 +188,48 @@ def test_uncertain_edits_are_drawn_by_one_minus_span_probability() -> None:
         sample_uncertain_edits(edits, u[:-1], 1, random.Random(0))
 
 
-def test_capacity_reset_contrasts_every_agent_with_the_cheapest_level() -> None:
-    """capacity_reset (an experiment, in neither family tuple): one edit per agent, to the pool's cheapest level; an
-    agent already there gets the unchanged spec, whose re-execution is all cache hits and whose contrast is 0."""
+def test_capacity_reset_contrasts_every_agent_above_the_cheapest_level_with_it() -> None:
+    """capacity_reset: one edit per agent above the pool's cheapest level, to that level. With null_resets an agent
+    already there gets the unchanged spec too, whose re-execution is all cache hits and whose contrast is 0."""
     parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
     assert EditFamily.capacity_reset not in ALL_FAMILIES and EditFamily.capacity_reset not in PAPER_FAMILIES
     assert not [e for e in counterfactual_edits(parsed, POOL, ALL_FAMILIES) if e.family is EditFamily.capacity_reset]
     resets = {e.agent_id: e for e in counterfactual_edits(parsed, POOL, [EditFamily.capacity_reset])}
-    assert set(resets) == {"plan", "solve", "check"}  # plan is already small: it still gets one
-    for agent_id, e in resets.items():
+    assert set(resets) == {"solve", "check"}  # plan is already small
+    assert resets["check"].spec.agent("check").capacity == "small"  # medium -> small, as a downgrade would
+    assert resets["solve"].spec.agent("solve").capacity == "small"  # large -> small, where a downgrade stops at medium
+    with_nulls = {e.agent_id: e for e in counterfactual_edits(parsed, POOL, [EditFamily.capacity_reset],
+                                                              null_resets=True)}
+    assert set(with_nulls) == {"plan", "solve", "check"}
+    for agent_id, e in with_nulls.items():
         assert parsed.text[e.span[0] : e.span[1]] == SPEC.agent(agent_id).capacity
         assert e.spec.agent(agent_id).capacity == "small"
-    assert resets["plan"].spec == SPEC
-    assert sum(a != b for a, b in zip(SPEC.agents, resets["solve"].spec.agents, strict=True)) == 1
+    assert with_nulls["plan"].spec == SPEC
+    assert sum(a != b for a, b in zip(SPEC.agents, with_nulls["solve"].spec.agents, strict=True)) == 1
     task = Example(id="t/reset", benchmark="multiarith", question="Ann has 2 cats and gets 5. How many?", answer="7",
                    answer_format="Answer with a number.")
     register_examples([task])
     cache = ExecutionCache()
     [original] = execute_specs([SPEC], [task], POOL, cache=cache, seed=5)
-    [same] = execute_specs([resets["plan"].spec], [task], POOL, cache=cache, seed=5)
+    [same] = execute_specs([with_nulls["plan"].spec], [task], POOL, cache=cache, seed=5)
     assert all(a.cached for a in same.agents) and same.answer == original.answer and same.cost == original.cost
+
+
+def test_on_a_two_level_pool_resets_are_the_downgrades_edit_for_edit() -> None:
+    """The CPU pool has two levels, so the default capacity_reset and the paper's capacity_downgrade list the same
+    edits in the same order and a sampler picks the same ones from the same RNG: bench/learning.py and `make run`
+    train exactly as before the default changed. On the three-level simulated pool `large` goes to `small`."""
+    cpu = load_pool("cpu")
+    spec = OrchestrationSpec(agents=[a.model_copy(update={"capacity": "small" if a.id == "plan" else "large"})
+                                     for a in SPEC.agents], output=SPEC.output)
+    parsed = parse_spec(spec_completion(spec), cpu)
+    resets, downgrades = counterfactual_edits(parsed, cpu), counterfactual_edits(parsed, cpu, PAPER_FAMILIES)
+    assert [(e.agent_id, e.span, e.spec) for e in resets] == [(e.agent_id, e.span, e.spec) for e in downgrades]
+    assert {e.family for e in resets} - {e.family for e in downgrades} == {EditFamily.capacity_reset}
+    for seed in range(20):
+        picked = EditFamilySampler().sample(resets, 2, random.Random(seed))
+        paper = EditFamilySampler(families=PAPER_FAMILIES).sample(downgrades, 2, random.Random(seed))
+        assert [(e.agent_id, e.span) for e in picked] == [(e.agent_id, e.span) for e in paper]
+    three = counterfactual_edits(parse_spec(spec_completion(spec), POOL), POOL)
+    assert {e.agent_id: e.spec.agent(e.agent_id).capacity for e in three
+            if e.family is EditFamily.capacity_reset} == {"solve": "small", "check": "small"}

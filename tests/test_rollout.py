@@ -237,7 +237,7 @@ def test_a_call_an_edit_runs_early_is_counted_for_its_original() -> None:
 
 def test_uncertain_edit_choice_probes_the_fields_the_policy_hesitated_over() -> None:
     """edit_choice: uncertain with no floor: a chain's dependencies and duties were written with p = 1, its
-    capacities with p < 1, so every edit is a capacity downgrade; p(span) is the product over the span's tokens."""
+    capacities with p < 1, so every edit is a capacity reset; p(span) is the product over the span's tokens."""
     spec = chain("large", length=3)
     text = spec_completion(spec)
     hesitant = {i for start in range(len(text)) if text.startswith("large", start) for i in range(start, start + 5)}
@@ -252,7 +252,22 @@ def test_uncertain_edit_choice_probes_the_fields_the_policy_hesitated_over() -> 
                                       step=1, seed=0, scorer=_score)
         families = {e.family for r in records for e in r.edits}
         assert all(len(r.edits) == 2 for r in records)
-        assert (families == {"capacity_downgrade"}) is only_capacities, (choice, families)
-    capacity = next(e for r in records for e in r.edits if e.family == "capacity_downgrade")
+        assert (families == {"capacity_reset"}) is only_capacities, (choice, families)
+    capacity = next(e for r in records for e in r.edits if e.family == "capacity_reset")
     assert span_probability(records[0], capacity.span) == pytest.approx(math.exp(-0.3 * 5))
     assert span_probability(records[0], tuple(records[0].spans["a2/depends_on[0]"])) == 1.0
+
+
+def test_null_resets_add_a_zero_contrast_for_agents_already_at_the_cheapest_level() -> None:
+    """rollout.null_resets reaches counterfactual_edits: off, only the `large` middle agent of a small/large/small
+    chain is reset; on, the two `small` agents get an edit too, whose contrast is exactly 0."""
+    base = chain("large", length=3)
+    spec = base.model_copy(update={"agents": [a.model_copy(update={"capacity": "small" if a.id != "a2" else "large"})
+                                              for a in base.agents]})
+    policy = ScriptedPolicy([spec_completion(spec)])
+    for null_resets, agents in ((False, {"a2"}), (True, {"a1", "a2", "a3"})):
+        cfg = RolloutConfig(group_size=2, edits_per_spec=5, edit_families=["capacity_reset"], null_resets=null_resets)
+        records, _ = collect_rollouts(policy, TASKS[:1], POOL, cfg, RewardConfig(),
+                                      EditFamilySampler(families=cfg.edit_families), step=1, seed=0, scorer=_score)
+        assert all({e.agent_id for e in r.edits} == agents for r in records), null_resets
+        assert all(e.delta == 0.0 for r in records for e in r.edits if e.agent_id != "a2")
