@@ -444,6 +444,25 @@ sampler picked capacity edits less). The cf arm alone, uncoupled, against the GR
   the downgrades edit for edit, so bench/learning.py and `make run` are unchanged. Seeds 0-15 reach the target (0.710),
   seeds 16-31 do not (0.832): over the 32 seeds ratio=0.770 [0.68, 0.85], issue #10's target (<= 0.75) is NOT reached.
 
+With the resets, the cap at ρ = 1 (`GRPOConfig.cf_max_ratio` 1, the default since 2026-12-07; it was 0.5, set with the
+one-level downgrades, where ρ = 1 steered no sooner, 0.907 against 0.844 on seeds 0-15, and cost validity on the
+priced family). The cf arm alone (`--cf-max-ratio 1` at the time), against the same GRPO arms:
+
+  family, seeds  cf arm               steps (cens.)     ratio [95% CI]      reward cf-grpo       P(opt) cf-grpo  ok
+  one, 0-15      reset, ρ = 1         36.94 ± 4.07 (0)  0.595 [0.47, 0.74]  +0.084 ± 0.024 (15)  +0.583 (16)     0.99
+  one, 16-31     reset, ρ = 1         41.69 ± 5.55 (3)  0.701 [0.56, 0.84]  +0.058 ± 0.016 (12)  +0.361 (14)     1.00
+  one, 0-31      reset, ρ = 1 (dflt)  39.31 ± 3.41 (3)  0.647 [0.55, 0.75]  +0.071 ± 0.015 (27)  +0.472 (30)     0.99
+  priced, 0-15   downgrade, ρ = 0.5   34.94 ± 6.99 (3)  0.991 [0.90, 1.11]  +0.025 ± 0.013 (13)  +0.085 (12)     0.99
+  priced, 0-15   reset, ρ = 1         22.38 ± 2.87 (0)  0.635 [0.55, 0.78]  +0.082 ± 0.019 (14)  +0.223 (12)     1.00
+
+  (Plain GRPO: 60.78 ± 4.19 steps, 17 censored, one checker over 32 seeds; 35.25 ± 7.06, 4, priced.) Paired, one
+  checker, 32 seeds: against ρ = 0.5 with the resets -7.47 ± 2.62 steps (later on 2), expected reward +0.002 ± 0.012,
+  P(optimal spec) +0.074 ± 0.034, valid 0.994 against 0.995; against the old defaults -13.19 ± 3.38 steps, expected
+  reward +0.034 ± 0.009 (24/32), P(optimal spec) +0.235 ± 0.050 (28/32). Priced, against the old defaults: -12.56 ±
+  4.46 steps (later on none of 16), expected reward +0.057 ± 0.022 (14/16), valid 0.999 against 0.990.
+  Target (<= 0.75): REACHED at the defaults, ratio=0.647 over 32 seeds (0.595 and 0.701 per half; the interval's top
+  0.749); 0.635 on the priced family. The three-checker chain was not re-run.
+
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
     OMP_NUM_THREADS=1 python bench/credit.py --seeds 8 --first-seed 0 --sft-cache /tmp/sft0 --json run0.json

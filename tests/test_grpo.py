@@ -35,7 +35,7 @@ def test_config_defaults_and_errors() -> None:
     assert not cfg.cf_weight_by_abs_delta  # the linear span term (bench/credit.py: the quadratic one did nothing)
     assert (cfg.cf_delta_scale, cfg.cf_clip) == ("group_std", 2.0)
     assert (cfg.std_floor, cfg.drop_uniform_success_groups, cfg.cf_max_ratio, cfg.cf_ratio_floor) == (
-        0.1, False, 0.5, 0.5)  # cf_max_ratio 0.5 since 2026-12-06 (bench/credit.py)
+        0.1, False, 1.0, 0.5)  # cf_max_ratio 1 since 2026-12-07 (bench/credit.py, with capacity_reset)
     with pytest.raises(ValidationError, match="std_floor"):
         GRPOConfig(std_floor=-0.1)
     with pytest.raises(ValidationError, match="cf_max_ratio"):
@@ -268,8 +268,11 @@ def test_group_differing_only_in_price_gets_advantages_under_the_floor() -> None
     assert group.tolist() == pytest.approx((centred / (0.1 + 1e-6)).tolist(), abs=1e-6)
     assert group.abs().max().item() < 0.16  # a right-vs-wrong group has ±1
     # span: Δ̃ = -0.02 / 0.1 = -0.2, β·Δ̃ = 4 · -0.2 = -0.8 on top of Â_0 = 0.005 / 0.1 = 0.05, capped at
-    # ρ · max(|Â|, a_min) = 0.5 · 0.5 = 0.25 (the cap of 2 before 2026-12-06 let all of -0.8 through)
-    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.25, 0.05], abs=1e-5)
+    # ρ · max(|Â|, a_min) = 1 · 0.5 = 0.5 (0.25 at ρ = 0.5, 2026-12-06 to -07; the cap of 2 before let all of -0.8
+    # through)
+    assert credit.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.5, 0.05], abs=1e-5)
+    half = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits, GRPOConfig(cf_max_ratio=0.5))
+    assert half.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.25, 0.05], abs=1e-5)
     assert (credit.groups, credit.floored_groups, credit.dropped_groups, credit.capped_tokens) == (1, 1, 0, 1)
     wide = credit_advantages(rewards, ids, [0.0] * 6, [3] * 6, edits, GRPOConfig(cf_max_ratio=2.0))
     assert wide.advantages[0].tolist() == pytest.approx([0.05, 0.05 - 0.8, 0.05], abs=1e-5)  # under 2 · 0.5
@@ -353,8 +356,8 @@ def test_replace_mode_gives_the_span_its_contrast_and_no_group_term() -> None:
     assert replace.advantages[0].tolist() == pytest.approx([1.0, -0.1, 1.0, 1.8], abs=1e-5)
     assert replace.advantages[1].tolist() == pytest.approx([-1.0] * 4, abs=1e-5)  # no edits: the group term
     added = credit_advantages(rewards, ids, [1.0, 0.0, 1.0, 0.0], [4] * 4, edits, GRPOConfig())
-    # 'add': the checker keeps most of the spec's credit, 1 + 4·(-0.1) = 0.6; the solver 1 + 4·1.8, capped at 1 + 0.5
-    assert added.advantages[0].tolist() == pytest.approx([1.0, 0.6, 1.0, 1.5], abs=1e-5)
+    # 'add': the checker keeps most of the spec's credit, 1 + 4·(-0.1) = 0.6; the solver 1 + 4·1.8, capped at 1 + ρ·1
+    assert added.advantages[0].tolist() == pytest.approx([1.0, 0.6, 1.0, 2.0], abs=1e-5)
     # each contrast is clipped to ±cf_clip (3 -> 2), overlapping edits then add (2 - 0.5) and the sum is clipped
     # again; an edit that changed nothing leaves its tokens at 0
     both = torch.tensor([True, True, False])
@@ -382,8 +385,8 @@ def test_drop_uniform_success_groups_zeroes_the_group_term_keeps_span_terms() ->
     cfg = GRPOConfig(drop_uniform_success_groups=True)
     credit = credit_advantages(rewards, ids, successes, [2] * 7, edits, cfg)
     assert (credit.groups, credit.dropped_groups) == (3, 1)
-    # group u: Â = 0; its span term -0.3/σ_u (σ_u = 0.0408) -> clip -2 -> -4, capped at ρ·a_min = 0.5 · 0.5
-    assert credit.advantages[0].tolist() == pytest.approx([-0.25, 0.0], abs=1e-6)
+    # group u: Â = 0; its span term -0.3/σ_u (σ_u = 0.0408) -> clip -2 -> -4, capped at ρ·a_min = 1 · 0.5
+    assert credit.advantages[0].tolist() == pytest.approx([-0.5, 0.0], abs=1e-6)
     assert credit.advantages[1].tolist() == [0.0, 0.0] and credit.advantages[2].tolist() == [0.0, 0.0]
     assert credit.advantages[3].tolist() == pytest.approx([1.0, 1.0], abs=1e-5)  # d is kept
     assert credit.advantages[5].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)  # invalid vs valid is learnt
