@@ -13,7 +13,9 @@ Families (``DEFAULT_FAMILIES``, what ``rollout.edit_families`` probes unless tol
   v of a field the way their rewards do; a one-level downgrade's reference moves with v (below). On a two-level
   pool (configs/pool-cpu.yaml) it is the downgrade, edit for edit. Default since 2026-12-07: on bench/credit.py
   (one checker, 32 seeds) 46.78 steps to 90% of r* against 52.50 with downgrades (−5.7 ± 2.1 paired, later on 2
-  seeds), P(optimal spec) +0.16 ± 0.04, valid 0.995 against 0.992; bench/credit.py's docstring has the table.
+  seeds), P(optimal spec) +0.16 ± 0.04, valid 0.995 against 0.992; with the span-term cap at ρ = 1
+  (``GRPOConfig.cf_max_ratio``, the default since) 39.31 steps against plain GRPO's 60.78, ratio 0.647. The
+  tables are in bench/credit.py's docstring.
 
 The paper's capacity edit as lemon first built it, and one more, off unless asked for:
 

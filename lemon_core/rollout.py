@@ -83,7 +83,8 @@ class RolloutConfig(BaseModel):
         description="counterfactual edit families probed: dependency drops, duty rollbacks and capacity resets (an "
         "agent to the pool's cheapest level; on a two-level pool the same edits as capacity_downgrade). "
         "capacity_downgrade (one level down, the edit lemon first shipped) in place of capacity_reset was 5.7 ± 2.1 "
-        "steps slower to 90% of the optimum on bench/credit.py (32 seeds, 2026-12-07); add capacity_upgrade to also "
+        "steps slower to 90% of the optimum on bench/credit.py (32 seeds, 2026-12-07; with grpo.cf_max_ratio 1 the "
+        "resets reach 0.647 of plain GRPO's steps); add capacity_upgrade to also "
         "probe one level up (off by default: it took the span term's gain in the optimal-pair share, +0.146 ± 0.039, "
         "to -0.004 ± 0.053, 16 seeds, 2026-12-05)",
     )

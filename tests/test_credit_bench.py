@@ -121,7 +121,8 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain")
+                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain",
+                         "--null-resets")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
