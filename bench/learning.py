@@ -26,7 +26,10 @@ Each method's traces go to ``OUT/traces/<method>/``, and an orchestrator's row s
 was exactly a baseline's (``same spec as cot@large k/60``).
 Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2, lemon above lemon-sft.
 
-    python bench/learning.py                     # all six methods: 30 min 7 s on a fresh clone of 4c1b52a
+    python bench/learning.py                     # all six methods: 30 min 3 s on a fresh clone of 7407737
+                                                 # (2026-12-07: capacity resets, span-term cap 1), the same
+                                                 # figures to the digit (lemon's losses differ, below);
+                                                 # 30 min 7 s on a fresh clone of 4c1b52a
                                                  # (2026-12-06, session 24: agents' greedy picks through the
                                                  # bf16-screened head), the same figures to the digit;
                                                  # 35 min 32 s on a fresh clone of d766826
