@@ -21,7 +21,8 @@ E[reward | spec, task] (``SpecRewards``: 30 seeded executions on the pool, cache
 got (the invalid penalty, which is not random); r* is the optimal spec's E[reward] averaged over the training
 tasks. So the pool's draws are gone from the metric and broken specs count as failures; what is left is which
 specs the policy samples. A run that never gets there counts as --steps + 1 (censored; the number censored is
-printed). Last line ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75); before it raw_ratio=,
+printed). Last line ratio=<cf mean steps / grpo mean steps> (issue #10's target: <= 0.75; at the defaults since
+2026-12-07, 0.647 [0.55, 0.75] over 32 seeds, the last table below); before it raw_ratio=,
 the same with the raw rollout reward (the metric up to this change), and the paired differences cf − grpo (same
 seed, same SFT model, same tasks) of the expected reward and of the share of sampled specs at the optimum in the
 last --window steps, and of P(optimal spec), the probability that the policy writes the optimal spec exactly as
@@ -462,6 +463,8 @@ priced family). The cf arm alone (`--cf-max-ratio 1` at the time), against the s
   4.46 steps (later on none of 16), expected reward +0.057 ± 0.022 (14/16), valid 0.999 against 0.990.
   Target (<= 0.75): REACHED at the defaults, ratio=0.647 over 32 seeds (0.595 and 0.701 per half; the interval's top
   0.749); 0.635 on the priced family. The three-checker chain was not re-run.
+  ρ = 1 changes the CPU runs too (the resets alone do not): bench/learning.py and `make run`, re-run from fresh clones
+  of 7407737, printed the same figures to the digit (docs/training.md, README).
 
 Run a share of the seeds per process with --sft-cache and --json, then --merge (the runs above):
 
@@ -679,7 +682,6 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
     )
 
 
-# --families reset (the default): the capacity contrast taken against the cheapest level, not one level down
 
 
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
