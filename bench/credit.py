@@ -973,6 +973,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.checkers < 1:
         ap.error(f"--checkers {args.checkers}: give 1 or more (the solver's answer needs a checker to read it)")
+    if args.null_resets and args.families != "reset":
+        ap.error(f"--null-resets adds capacity resets, which --families {args.families} does not probe; "
+                 "use --families reset or drop --null-resets")
     if args.credit == "legacy" and args.span_credit != "add":
         ap.error("--span-credit replace needs --credit calibrated: --credit legacy is the paper's formula, which adds "
                  "the contrast to the group term")

@@ -123,6 +123,7 @@ def counterfactual_edits(
     ``capacity_reset`` that changes nothing for each agent already at the cheapest level (module docstring)."""
     wanted = set(parse_families(families))
     spec, spans = parsed.spec, parsed.spans
+    reference = pool.level_names[0]  # what a capacity_reset resets to: the cheapest level
     edits: list[CounterfactualEdit] = []
 
     def add(family: EditFamily, agent_id: str, field: str, description: str, **update: object) -> None:
@@ -144,7 +145,6 @@ def counterfactual_edits(
         if (higher := upgrade(pool, agent.capacity)) is not None:
             add(EditFamily.capacity_upgrade, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {higher}", capacity=higher)
-        reference = pool.level_names[0]
         if null_resets or agent.capacity != reference:
             add(EditFamily.capacity_reset, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lemon_core.counterfactual import (
     CounterfactualEdit,
@@ -134,6 +134,14 @@ class RolloutConfig(BaseModel):
         "`truncated` and contribute no gradient (their reward still enters the group statistics), so GRPO "
         "does not learn 'shorter is valid' from specs the budget cut off (TRL's mask_truncated_completions)",
     )
+
+    @model_validator(mode="after")
+    def _null_resets_need_resets(self) -> RolloutConfig:
+        """``null_resets`` only adds capacity_reset edits: without that family it would silently do nothing."""
+        if self.null_resets and "capacity_reset" not in self.edit_families:
+            raise ValueError(f"rollout.null_resets: true adds capacity_reset edits, but rollout.edit_families is "
+                             f"{self.edit_families}; add capacity_reset to edit_families or set null_resets: false")
+        return self
 
 
 def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfig, pool: CapacityPool,

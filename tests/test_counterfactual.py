@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +236,18 @@ def test_on_a_two_level_pool_resets_are_the_downgrades_edit_for_edit() -> None:
     three = counterfactual_edits(parse_spec(spec_completion(spec), POOL), POOL)
     assert {e.agent_id: e.spec.agent(e.agent_id).capacity for e in three
             if e.family is EditFamily.capacity_reset} == {"solve": "small", "check": "small"}
+
+
+def test_counterfactual_bench_reruns_only_edited_agents_and_their_descendants() -> None:
+    """bench/counterfactual.py at the trainer's default families: the node cache re-runs under half the agent
+    calls of a full re-execution, every family it prints is one the trainer probes, and an unknown family is
+    refused by name."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "counterfactual.py"
+    done = subprocess.run([sys.executable, str(script), "--specs", "40"], capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    printed = {line.split()[0] for line in lines if "cached_calls=" in line and line.startswith("  ")}
+    assert printed and printed <= {f.value for f in DEFAULT_FAMILIES}, printed
+    cached, full = (int(lines[-2].split()[i].split("=")[1]) for i in (0, 1))
+    assert 0 < cached < full and float(lines[-1].removeprefix("ratio=")) == pytest.approx(cached / full, abs=1e-3)
+    bad = subprocess.run([sys.executable, str(script), "--families", "upgrades"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice: 'upgrades'" in bad.stderr

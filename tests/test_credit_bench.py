@@ -159,6 +159,17 @@ def test_replace_span_credit_is_refused_with_the_legacy_formula(monkeypatch: pyt
     assert exit_info.value.code == 2 and "--span-credit replace needs --credit calibrated" in capsys.readouterr().err
 
 
+def test_null_resets_are_refused_without_the_reset_family(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--null-resets only adds capacity resets: with --families paper or all it would change nothing, silently."""
+    for families in ("paper", "all"):
+        monkeypatch.setattr(sys, "argv", ["credit.py", "--families", families, "--null-resets"])
+        with pytest.raises(SystemExit) as exit_info:
+            _credit().main()
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and f"--families {families} does not probe" in err, err
+
+
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
     """--prices rewrites the simulated pool's prices (output twice the input): with the shipped ones a non-optimal
     pair, (large, medium), clears 90% of r*, so the steps-to-target metric never needed the checker's capacity;

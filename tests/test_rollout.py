@@ -271,3 +271,11 @@ def test_null_resets_add_a_zero_contrast_for_agents_already_at_the_cheapest_leve
                                       EditFamilySampler(families=cfg.edit_families), step=1, seed=0, scorer=_score)
         assert all({e.agent_id for e in r.edits} == agents for r in records), null_resets
         assert all(e.delta == 0.0 for r in records for e in r.edits if e.agent_id != "a2")
+
+
+def test_null_resets_without_the_reset_family_are_refused() -> None:
+    """null_resets adds capacity_reset edits only; with the family off it would be a silent no-op, so the config
+    names both fields and the fix."""
+    with pytest.raises(ValueError, match="add capacity_reset to edit_families or set null_resets: false"):
+        RolloutConfig(edit_families=["drop_dependency", "capacity_downgrade"], null_resets=True)
+    assert RolloutConfig(null_resets=True).null_resets  # the default families include capacity_reset
