@@ -526,6 +526,20 @@ def capacity_assignments(checkers: int = 1) -> list[tuple[str, ...]]:
     return list(itertools.product(LEVELS, repeat=checkers + 1))
 
 
+def sft_assignments(args: argparse.Namespace) -> list[tuple[str, ...]]:
+    """The capacity assignments SFT teaches: every one (uniform: only which goes where is left to learn), or the
+    one --sft-on names (a collapsed SFT model: every spec of a GRPO group is the same, as on the real CPU pool)."""
+    return [tuple(args.sft_on)] if args.sft_on else capacity_assignments(args.checkers)
+
+
+def parse_assignment(text: str) -> tuple[str, ...]:
+    levels = tuple(p.strip() for p in text.split(","))
+    if any(level not in LEVELS for level in levels):
+        raise argparse.ArgumentTypeError(f"{text!r}: give capacities from {list(LEVELS)}, the solver's first, "
+                                         "comma-separated")
+    return levels
+
+
 def optimum(checkers: int = 1) -> tuple[str, ...]:
     """The best capacities (pair_rewards refuses a pool where they are not): a `large` solver, `small` checkers.
     tests/test_simulated_pool.py checks it for one checker, tests/test_credit_bench.py for three."""
@@ -741,12 +755,12 @@ def sft_marker(pool_source: str, args: argparse.Namespace) -> dict:
     orchestrator's prompt shows each level's name and prices: lemon_core/prompts.py) and the SFT settings."""
     levels = [[lv.name, lv.price_in_per_1m, lv.price_out_per_1m] for lv in load_pool(pool_source).levels]
     return {"levels": levels, "sft_steps": args.sft_steps, "sft_seed": args.sft_seed, "level_tokens": args.level_tokens,
-            "checkers": args.checkers}
+            "checkers": args.checkers, "sft_on": list(args.sft_on) if args.sft_on else None}
 
 
 # What a cached SFT model was trained with where its marker predates the option: the split tokenizer (before
-# --level-tokens) and one checker (before --checkers)
-UNRECORDED_SFT = {"level_tokens": "split", "checkers": 1}
+# --level-tokens), one checker (before --checkers) and every capacity assignment (before --sft-on)
+UNRECORDED_SFT = {"level_tokens": "split", "checkers": 1, "sft_on": None}
 
 
 def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, args: argparse.Namespace,
@@ -785,8 +799,10 @@ def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
         expected = mean_se([statistics.fmean(r["expected_curve"][-window:]) for r in runs])
         share = mean_se([statistics.fmean(r["optimal_share"][-window:]) for r in runs])
         valid = statistics.fmean(statistics.fmean(r["valid"][-window:]) for r in runs)
+        start = mean_se([r["expected_curve"][0] for r in runs])  # step 1 samples the SFT model, before any update
         print(f"{name:8s} steps_to_90%: {denoised[name]:.2f} ± {se_d:.2f} (censored {censored_d}) | raw rollout "
-              f"reward: {raw[name]:.2f} ± {se_r:.2f} (censored {censored_r}) | s.e., n={len(runs)} | last {window} "
+              f"reward: {raw[name]:.2f} ± {se_r:.2f} (censored {censored_r}) | s.e., n={len(runs)} | expected "
+              f"reward at step 1 (the SFT model's samples) {start[0]:.3f} ± {start[1]:.3f} | last {window} "
               f"steps: expected reward {expected[0]:.3f} ± {expected[1]:.3f}, optimal share {share[0]:.2f} ± "
               f"{share[1]:.2f}, valid {valid:.2f}")
     if set(results) != set(ARMS):
@@ -952,6 +968,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1,
                     help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
     ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--sft-on", type=parse_assignment, default=None, metavar="SOLVER,CHECKER",
+                    help="SFT on this one capacity assignment only (e.g. large,large) instead of all of them: the "
+                    "policy starts collapsed, as the sweep-taught SFT model on the real CPU pool does (every spec of "
+                    "a group the same, so the group term is 0 until something breaks the tie)")
     ap.add_argument("--sft-seed", type=int, default=0, help="one SFT model for every seed and arm")
     ap.add_argument("--sft-cache", type=Path, default=None, help="folder to keep/reuse the SFT model in")
     ap.add_argument("--max-new-tokens", type=int, default=200)
@@ -973,6 +993,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.checkers < 1:
         ap.error(f"--checkers {args.checkers}: give 1 or more (the solver's answer needs a checker to read it)")
+    if args.sft_on and len(args.sft_on) != args.checkers + 1:
+        ap.error(f"--sft-on {','.join(args.sft_on)}: give {args.checkers + 1} capacities (the solver, then "
+                 f"{args.checkers} checker(s))")
     if args.null_resets and args.families != "reset":
         ap.error(f"--null-resets adds capacity resets, which --families {args.families} does not probe; "
                  "use --families reset or drop --null-resets")
@@ -1009,7 +1032,7 @@ def main() -> None:
         model = build_tiny_chat_model(work / "tiny", seed=0, whole_words=level_words(args.level_tokens))
         teacher = work / "teacher.jsonl"
         rows = [json.dumps({"question": t.question, "spec": spec_completion(solve_check_spec(*levels))})
-                for t in train_tasks for levels in capacity_assignments(args.checkers)]
+                for t in train_tasks for levels in sft_assignments(args)]
         teacher.write_text("\n".join(rows) + "\n")
         sft_model, base = sft_once(model, teacher, train_tasks, eval_tasks, args, args.sft_cache or work / "sft",
                                    pool_source)

@@ -121,8 +121,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain",
-                         "--null-resets")
+                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
@@ -168,6 +167,23 @@ def test_null_resets_are_refused_without_the_reset_family(monkeypatch: pytest.Mo
             _credit().main()
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and f"--families {families} does not probe" in err, err
+
+
+def test_sft_on_teaches_one_assignment_and_is_checked_against_the_chain(monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--sft-on gives SFT one capacity assignment (a collapsed start) instead of all 9; a level that is not the
+    pool's, or a count that does not fit --checkers, is refused by name."""
+    credit = _credit()
+    uniform = credit.sft_assignments(argparse.Namespace(sft_on=None, checkers=1))
+    assert len(uniform) == 9 and ("large", "small") in uniform
+    assert credit.sft_assignments(argparse.Namespace(sft_on=("large", "large"), checkers=1)) == [("large", "large")]
+    assert credit.parse_assignment("large, small") == ("large", "small")
+    with pytest.raises(argparse.ArgumentTypeError, match="'large,huge': give capacities from"):
+        credit.parse_assignment("large,huge")
+    monkeypatch.setattr(sys, "argv", ["credit.py", "--sft-on", "large,large", "--checkers", "3"])
+    with pytest.raises(SystemExit) as exit_info:
+        credit.main()
+    assert exit_info.value.code == 2 and "give 4 capacities" in capsys.readouterr().err
 
 
 def test_prices_make_a_family_where_the_target_needs_the_optimal_pair(tmp_path: Path) -> None:
@@ -337,7 +353,7 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
     monkeypatch.setattr(credit, "train", fake_sft)
     args = argparse.Namespace(tasks_per_step=2, group_size=6, max_new_tokens=200, temperature=0.7, grammar=True,
                               sft_steps=400, sft_seed=0, lambda_cost=1.0, lr=2e-4, epochs=1, level_tokens="whole",
-                              checkers=1)
+                              checkers=1, sft_on=None)
     priced = credit.bench_pool([100.0, 600.0, 1000.0], False, tmp_path / "pool")
 
     def sft(cache: Path, pool: str, **changes: object) -> Path:
@@ -347,13 +363,15 @@ def test_sft_cache_is_reused_only_for_the_prices_and_settings_it_was_trained_wit
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1
     assert sft(tmp_path / "priced", priced) == tmp_path / "priced" / "sft-model" and len(trained) == 1  # reused
     for pool, changes in (("simulated", {}), (priced, {"sft_steps": 100}), (priced, {"sft_seed": 1}),
-                          (priced, {"level_tokens": "split"}), (priced, {"checkers": 3})):
+                          (priced, {"level_tokens": "split"}), (priced, {"checkers": 3}),
+                          (priced, {"sft_on": ("large", "large")})):
         with pytest.raises(SystemExit, match="give a new folder"):
             sft(tmp_path / "priced", pool, **changes)
     old_marker = tmp_path / "old-marker"  # a marker from before --checkers: one checker
     assert sft(old_marker, priced) == old_marker / "sft-model" and len(trained) == 2
     marker = json.loads((old_marker / "sft-marker.json").read_text())
-    (old_marker / "sft-marker.json").write_text(json.dumps({k: v for k, v in marker.items() if k != "checkers"}))
+    (old_marker / "sft-marker.json").write_text(json.dumps({k: v for k, v in marker.items()
+                                                           if k not in ("checkers", "sft_on")}))
     assert sft(old_marker, priced) == old_marker / "sft-model" and len(trained) == 2
     with pytest.raises(SystemExit, match="give a new folder"):
         sft(old_marker, priced, checkers=3)
