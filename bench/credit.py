@@ -555,6 +555,7 @@ def sft_assignments(args: argparse.Namespace) -> list[tuple[str, ...]]:
 
 
 def parse_assignment(text: str) -> tuple[str, ...]:
+    """--sft-on's value, ``large,small`` -> ("large", "small"); a level the pool lacks is refused by name."""
     levels = tuple(p.strip() for p in text.split(","))
     if any(level not in LEVELS for level in levels):
         raise argparse.ArgumentTypeError(f"{text!r}: give capacities from {list(LEVELS)}, the solver's first, "
