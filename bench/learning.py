@@ -47,6 +47,10 @@ Targets (issue #10): lemon valid rate >= 0.95, ratio >= 1.0 at cost_ratio <= 1.2
                                                  # 0.033 (a small solver 60/60) -> lemon 0.633 (a large one 60/60),
                                                  # 27 min 47 s (f181672, 2026-12-06); with --skip sc3@large lemon,
                                                  # grpo-only 0.683 (a large solver too), 25 min 55 s (537335a)
+    python bench/learning.py --config <train-cpu with optim.lr 2e-5> --teach-top 2 --iterations 10 \
+        --skip sc3@large grpo-only               # SFT taught cot@large + chain@large still wrote cot@large 60/60
+                                                 # (0.633); GRPO then learned to repeat the duty: lemon 0.617,
+                                                 # not above lemon-sft (619bff3, 2026-12-07, 50 min beside other work)
     python bench/learning.py --only sc3@large    # adds SC(3)@large's row to that run's learning.json
     python bench/learning.py --quick             # smoke run (train 8, test 16, 1 step)
 
