@@ -21,13 +21,7 @@ import time
 
 from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import get
-from lemon_core.counterfactual import (
-    ALL_FAMILIES,
-    DEFAULT_FAMILIES,
-    PAPER_FAMILIES,
-    EditFamilySampler,
-    counterfactual_edits,
-)
+from lemon_core.counterfactual import FAMILY_SETS, EditFamilySampler, counterfactual_edits
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
@@ -40,11 +34,11 @@ def main() -> None:
     ap.add_argument("--specs", type=int, default=200)
     ap.add_argument("--edits", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--families", choices=["reset", "paper", "all"], default="reset",
+    ap.add_argument("--families", choices=list(FAMILY_SETS), default="reset",
                     help="reset: the trainer's default (dependency drops, duty rollbacks, capacity resets to the "
                     "cheapest level); paper: one-level downgrades in place of the resets; all: paper + upgrades")
     args = ap.parse_args()
-    families = {"reset": DEFAULT_FAMILIES, "paper": PAPER_FAMILIES, "all": ALL_FAMILIES}[args.families]
+    families = FAMILY_SETS[args.families]
     pool = load_pool("simulated")
     tasks = get("multiarith").load(None, args.specs)
     register_examples(tasks)

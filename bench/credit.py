@@ -527,7 +527,7 @@ from tiny_models import build_tiny_chat_model  # noqa: E402
 
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
-from lemon_core.counterfactual import ALL_FAMILIES, DEFAULT_FAMILIES, PAPER_FAMILIES  # noqa: E402
+from lemon_core.counterfactual import FAMILY_SETS  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
 from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
@@ -723,7 +723,7 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 
 def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
-    families = {"paper": PAPER_FAMILIES, "all": ALL_FAMILIES, "reset": DEFAULT_FAMILIES}[args.families]
+    families = FAMILY_SETS[args.families]
     best = optimum(args.checkers)
     cfg = base.model_copy(update={
         "model": str(sft_model),
@@ -952,7 +952,7 @@ def main() -> None:
     ap.add_argument("--edits", type=int, default=2, help="K: edits per spec in the counterfactual arm")
     ap.add_argument("--edit-choice", choices=["family", "uncertain"], default=RolloutConfig().edit_choice,
                     help="rollout.edit_choice: the paper's adaptive family sampler, or each edit by 1 - p(its span)")
-    ap.add_argument("--families", choices=["reset", "paper", "all"], default="reset",
+    ap.add_argument("--families", choices=list(FAMILY_SETS), default="reset",
                     help="edit families: reset (rollout.edit_families' default: dependency drops, duty rollbacks, "
                     "capacity resets), paper (capacity_downgrade in place of the resets) or all (paper + "
                     "capacity_upgrade)")

@@ -79,6 +79,9 @@ ALL_FAMILIES: tuple[EditFamily, ...] = (*PAPER_FAMILIES, EditFamily.capacity_upg
 DEFAULT_FAMILIES: tuple[EditFamily, ...] = (
     EditFamily.drop_dependency, EditFamily.duty_rollback, EditFamily.capacity_reset,
 )
+# the three sets by the short names the benches take (bench/credit.py, bench/counterfactual.py: --families)
+FAMILY_SETS: dict[str, tuple[EditFamily, ...]] = {"reset": DEFAULT_FAMILIES, "paper": PAPER_FAMILIES,
+                                                  "all": ALL_FAMILIES}
 
 
 @dataclass(frozen=True)
