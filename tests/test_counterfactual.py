@@ -239,9 +239,9 @@ def test_on_a_two_level_pool_resets_are_the_downgrades_edit_for_edit() -> None:
 
 
 def test_counterfactual_bench_reruns_only_edited_agents_and_their_descendants() -> None:
-    """bench/counterfactual.py at the trainer's default families: the node cache re-runs under half the agent
-    calls of a full re-execution, every family it prints is one the trainer probes, and an unknown family is
-    refused by name."""
+    """bench/counterfactual.py at the trainer's default families: the node cache re-runs fewer agent calls than a
+    full re-execution (75 of 147 on these 40 specs; 0.481 on the bench's 200), every family it prints is one the
+    trainer probes, and an unknown family is refused by name."""
     script = Path(__file__).resolve().parents[1] / "bench" / "counterfactual.py"
     done = subprocess.run([sys.executable, str(script), "--specs", "40"], capture_output=True, text=True, check=True)
     lines = done.stdout.splitlines()
