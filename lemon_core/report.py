@@ -40,6 +40,7 @@ from lemon_core.baselines import ORCHESTRATOR
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
 from lemon_core.evaluate import total_cost
 from lemon_core.stats import wilson_interval
+from lemon_core.teachers import sweep_candidates_text
 
 COLUMNS = (
     "benchmark",
@@ -275,21 +276,6 @@ def same_spec_as_baseline(records: Sequence[Mapping[str, Any]], traces: Traces, 
         if same > most:
             best, most = method, same
     return f"{best} {most}/{len(records)}" if most else "none"
-
-
-SWEEP_ROWS_SHOWN = 4  # the sweep's best candidates named in the report (all are in sft.json)
-
-
-def sweep_candidates_text(sweep: Mapping[str, Any], most: int = SWEEP_ROWS_SHOWN) -> str:
-    """The sweep's best candidates as ``name solved/n [95% CI] reward r ± se, $cost/task``, best first
-    (``teachers.sweep_report``; the standard error and cost are what the one-standard-error choice used)."""
-    def text(c: Mapping[str, Any]) -> str:
-        se = f" ± {c['reward_se']:.3f}" if "reward_se" in c else ""
-        cost = f", ${c['mean_cost']:.2e}/task" if "mean_cost" in c else ""
-        interval = f"[{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]"
-        return f"{c['candidate']} {c['solved']:g}/{c['n']} {interval} reward {c['mean_reward']:.3f}{se}{cost}"
-
-    return "; ".join(text(c) for c in sweep.get("candidates", [])[:most])
 
 
 def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -31,12 +31,11 @@ from lemon_core import baselines
 from lemon_core.errors import ConfigError
 from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
-from lemon_core.report import sweep_candidates_text
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import Scorer, benchmark_scorer, parse_completion
 from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
 from lemon_core.stats import wilson_interval
-from lemon_core.teachers import SweepConfig, candidate_specs, sweep_report, sweep_teachers
+from lemon_core.teachers import SweepConfig, candidate_specs, sweep_candidates_text, sweep_report, sweep_teachers
 
 TOPOLOGIES = baselines.SMALL_TOPOLOGIES
 VALID_CHECK_BATCH = 32  # samples per batch of the valid-spec check (it keeps no log-probs, so memory is small)

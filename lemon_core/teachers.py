@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -213,3 +213,18 @@ def sweep_report(sweep: SweepResult) -> dict[str, Any]:
         "candidates": [{**c.model_dump(), "accuracy": c.solved / c.n, "ci": list(wilson_interval(c.solved, c.n))}
                        for c in sweep.candidates],
     }
+
+
+SWEEP_ROWS_SHOWN = 4  # the sweep's best candidates named in the report (all are in sft.json)
+
+
+def sweep_candidates_text(sweep: Mapping[str, Any], most: int = SWEEP_ROWS_SHOWN) -> str:
+    """The sweep's best candidates as ``name solved/n [95% CI] reward r ± se, $cost/task``, best first
+    (``teachers.sweep_report``; the standard error and cost are what the one-standard-error choice used)."""
+    def text(c: Mapping[str, Any]) -> str:
+        se = f" ± {c['reward_se']:.3f}" if "reward_se" in c else ""
+        cost = f", ${c['mean_cost']:.2e}/task" if "mean_cost" in c else ""
+        interval = f"[{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]"
+        return f"{c['candidate']} {c['solved']:g}/{c['n']} {interval} reward {c['mean_reward']:.3f}{se}{cost}"
+
+    return "; ".join(text(c) for c in sweep.get("candidates", [])[:most])

@@ -402,7 +402,8 @@ def test_the_sft_section_says_what_was_taught_and_how_valid_the_result_is() -> N
 
 def test_the_sft_section_shows_the_sweep_candidates_solved_counts_with_intervals() -> None:
     """The 2026-12-05 `make run` taught chain@large on 8 tasks; the report says what it beat and by how little."""
-    from lemon_core.report import SWEEP_ROWS_SHOWN, sft_rows
+    from lemon_core.report import sft_rows
+    from lemon_core.teachers import SWEEP_ROWS_SHOWN
 
     candidates = [{"candidate": f"c{i}", "solved": 8 - i, "n": 8, "mean_reward": 1.0 - i / 10,
                    "ci": [0.1 * (8 - i) - 0.1, 0.1 * (8 - i) + 0.05]} for i in range(SWEEP_ROWS_SHOWN + 2)]
