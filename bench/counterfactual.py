@@ -21,11 +21,12 @@ import time
 
 from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import get
+from lemon_core.config import SFTConfig
 from lemon_core.counterfactual import FAMILY_SETS, EditFamilySampler, counterfactual_edits
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.sft import SFTConfig, templated_spec
+from lemon_core.sft import templated_spec
 from lemon_core.spec import parse_spec
 
 

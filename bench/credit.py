@@ -527,13 +527,17 @@ from tiny_models import build_tiny_chat_model  # noqa: E402
 
 from lemon_core.backends.simulated import register_examples  # noqa: E402
 from lemon_core.benchmarks import Example  # noqa: E402
+from lemon_core.config import (
+    GRPOConfig,  # noqa: E402
+    RewardConfig,  # noqa: E402
+    RolloutConfig,  # noqa: E402
+)
 from lemon_core.counterfactual import FAMILY_SETS  # noqa: E402
 from lemon_core.executor import execute_specs  # noqa: E402
-from lemon_core.grpo import GRPOConfig  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, spec_completion  # noqa: E402
 from lemon_core.pool import CapacityPool, load_pool  # noqa: E402
-from lemon_core.reward import RewardConfig, compute_reward, trace_score  # noqa: E402
-from lemon_core.rollout import RolloutConfig, RolloutRecord, read_records  # noqa: E402
+from lemon_core.reward import compute_reward, trace_score  # noqa: E402
+from lemon_core.rollout import RolloutRecord, read_records  # noqa: E402
 from lemon_core.spec import AgentSpec, OrchestrationSpec  # noqa: E402
 from lemon_core.stats import standard_error  # noqa: E402
 from lemon_core.train import TrainConfig, TrainState, train  # noqa: E402

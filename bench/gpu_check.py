@@ -225,8 +225,9 @@ def check_env(ctx: Context) -> str:
 
 def check_sft_bf16(ctx: Context) -> str:
     """sft_train on a fixed batch (batch size = number of pairs): the loss must fall over the steps."""
+    from lemon_core.config import SFTConfig
     from lemon_core.pool import load_pool
-    from lemon_core.sft import SFTConfig, sft_pairs, sft_train
+    from lemon_core.sft import sft_pairs, sft_train
 
     policy = tiny_policy(ctx, "bfloat16")
     pool = load_pool("cpu")

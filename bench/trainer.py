@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from tiny_models import build_tiny_chat_model  # noqa: E402
 
-from lemon_core.grpo import GRPOConfig, grpo_loss  # noqa: E402
+from lemon_core.config import GRPOConfig  # noqa: E402
+from lemon_core.grpo import grpo_loss  # noqa: E402
 from lemon_core.policy import OrchestratorPolicy, pack  # noqa: E402
 from lemon_core.pool import load_pool  # noqa: E402
 

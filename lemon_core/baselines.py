@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from lemon_core.config.names import ORCHESTRATOR, SFT_ORCHESTRATOR, SMALL_TOPOLOGIES  # noqa: F401 - baselines.X API
 from lemon_core.spec import AgentSpec, OrchestrationSpec
 
 SOLVE = "Solve the task step by step, then state the final answer."
@@ -24,8 +25,6 @@ DEBATE_REPLY = ("Read the other debaters' answers, point out any mistake, recons
 JUDGE = "Read the debate and give the final answer the debaters' best arguments support."
 
 
-ORCHESTRATOR = "lemon"  # method name of the trained orchestrator in evaluation rows (it writes its own specs)
-SFT_ORCHESTRATOR = "lemon-sft"  # method name of the SFT-only orchestrator, evaluated beside it
 
 def _agent(id_: str, role: str, base_role: str, duty: str, capacity: str, deps: list[str]) -> AgentSpec:
     return AgentSpec(id=id_, role=role, base_role=base_role, duty=duty, capacity=capacity, depends_on=deps)
@@ -95,7 +94,6 @@ BASELINES: dict[str, Callable[..., OrchestrationSpec]] = {
 }
 
 
-SMALL_TOPOLOGIES = ("cot", "sc", "chain", "tree", "debate")
 
 
 def small_topology(name: str, capacity: str, field: str = "sft.topologies") -> OrchestrationSpec:

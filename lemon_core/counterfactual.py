@@ -10,46 +10,19 @@ Families (``DEFAULT_FAMILIES``, what ``rollout.edit_families`` probes unless tol
 - ``duty_rollback``: replace a customised duty by its base role's default duty (span: the duty).
 - ``capacity_reset``: move one agent above the pool's cheapest level to that level (span: the capacity value).
   Every level is contrasted with the same reference, so Δ = r(v, rest) − r(cheapest, rest) ranks the levels
-  v of a field the way their rewards do; a one-level downgrade's reference moves with v (below). On a two-level
-  pool (configs/pool-cpu.yaml) it is the downgrade, edit for edit. Default since 2026-12-07: on bench/credit.py
-  (one checker, 32 seeds) 46.78 steps to 90% of r* against 52.50 with downgrades (−5.7 ± 2.1 paired, later on 2
-  seeds), P(optimal spec) +0.16 ± 0.04, valid 0.995 against 0.992; with the span-term cap at ρ = 1
-  (``GRPOConfig.cf_max_ratio``, the default since) 39.31 steps against plain GRPO's 60.78, ratio 0.647. The
-  tables are in bench/credit.py's docstring.
+  v of a field the way their rewards do. On a two-level pool it is the one-level downgrade, edit for edit.
 
-The paper's capacity edit as lemon first built it, and one more, off unless asked for:
-
-- ``capacity_downgrade``: move one agent one capacity level down (``PAPER_FAMILIES`` = the dependency and duty
-  edits and this one). With a `small` checker, E[r] is 0.638 / 0.461 / 0.242 for a large / medium / small solver
-  on bench/credit.py, so a downgrade credits `large` with 0.177 and `medium` with 0.219: the reference depends on
-  the sampled value, and the contrast prefers `medium`.
-- ``capacity_upgrade``: move one agent one capacity level up (span: the capacity value). Without it a
-  ``small`` agent is never probed - downgrades only point cheaper - so a policy that collapsed to
-  ``small`` everywhere gets no span signal that one of its agents needs more capacity.
-  Off by default because no measurement has shown a gain yet: in the short CPU runs of
-  bench/credit.py (solve_check, seed 0, 12 steps) neither edit set brought the tiny policy to 90% of
-  the optimum (both censored; final reward -0.40 with it vs -0.43 without, 4 epochs per batch, one
-  seed - noise); on 2026-12-05, seeds 0-3 at 20 steps gave steps-to-target ratios of 0.913 with it (K=2)
-  and 1.043 (K=4) against GRPO, where the paper's three give 0.988 over 16 seeds: no gain beyond noise.
-  Turn it on (``families=ALL_FAMILIES``, the paper's three and this one) where a collapse to the cheapest
-  level is a risk.
-
-``null_resets=True`` (``rollout.null_resets``) also gives each agent already at the cheapest level a reset, the
-unchanged spec: its re-execution is all node-cache hits and its contrast exactly 0. That zero matters only under
-``GRPOConfig.cf_span_credit: replace``, where it stands in for the group term on the agent's capacity span; under
-the default ``add`` it spends one of the K edits on nothing (with it, bench/credit.py gave 48.25 steps over the
-32 seeds, without it 46.78).
+Two more, off unless asked for:
+- ``capacity_downgrade``: move one agent one capacity level down (the paper's capacity edit; ``PAPER_FAMILIES``
+  = the dependency and duty edits and this one). Its reference moves with the sampled value (`large` is
+  measured against `medium`, `medium` against `small`), so the contrast can prefer a middle level that is not
+  the best.
+- ``capacity_upgrade``: move one agent one capacity level up, so a ``small`` agent is probed too
+  (``ALL_FAMILIES`` = the paper's three and this one).
 
 ``EditFamilySampler`` picks families adaptively: in proportion to each family's recent mean |Delta|
 (an exponential moving average), mixed with a uniform floor so no family is ever starved. It only
 samples its ``families``; ``counterfactual_edits(parsed, pool, sampler.families)`` lists just those.
-
-``sample_uncertain_edits`` is the other way to spend the K re-executions (``rollout.edit_choice:
-uncertain``): on the fields the policy has not decided yet. The span term moves a span's tokens by
-Δ · ∇ log p, and ∇ log p with respect to the sampled token's logit is 1 − p: a field the policy
-writes with p ≈ 1 (a dependency SFT always writes) gains almost nothing from its contrast, however
-large Δ is, while a capacity it still hesitates over (p ≈ 0.5) gains most. So each edit is drawn with
-weight 1 − p(span), p(span) the product of its tokens' sampling probabilities, mixed with a uniform floor.
 """
 
 from __future__ import annotations
@@ -120,10 +93,8 @@ def parse_families(names: Collection[str | EditFamily]) -> tuple[EditFamily, ...
 
 def counterfactual_edits(
     parsed: ParsedSpec, pool: CapacityPool, families: Collection[str | EditFamily] = DEFAULT_FAMILIES,
-    *, null_resets: bool = False,
 ) -> list[CounterfactualEdit]:
-    """Every possible single-field edit of ``parsed.spec`` in ``families``. ``null_resets`` adds a
-    ``capacity_reset`` that changes nothing for each agent already at the cheapest level (module docstring)."""
+    """Every possible single-field edit of ``parsed.spec`` in ``families``."""
     wanted = set(parse_families(families))
     spec, spans = parsed.spec, parsed.spans
     reference = pool.level_names[0]  # what a capacity_reset resets to: the cheapest level
@@ -148,7 +119,7 @@ def counterfactual_edits(
         if (higher := upgrade(pool, agent.capacity)) is not None:
             add(EditFamily.capacity_upgrade, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {higher}", capacity=higher)
-        if null_resets or agent.capacity != reference:
+        if agent.capacity != reference:
             add(EditFamily.capacity_reset, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)
     return edits
@@ -201,25 +172,8 @@ class EditFamilySampler:
         return chosen
 
 
-def sample_uncertain_edits(
-    edits: Sequence[CounterfactualEdit], uncertainty: Sequence[float], k: int, rng: random.Random,
-    floor: float = 0.2,
-) -> list[CounterfactualEdit]:
-    """Up to ``k`` distinct edits, drawn one at a time from those left with probability
-    floor / n + (1 - floor) · u_e / Σ u, where u_e = 1 - p(edited span) is ``uncertainty`` (module docstring).
-    With every u_e = 0 (a policy sure of every field) the draw is uniform."""
-    if len(edits) != len(uncertainty):
-        raise ValueError(f"{len(edits)} edits but {len(uncertainty)} uncertainties; need one per edit")
-    left = list(zip(edits, uncertainty, strict=True))
-    chosen: list[CounterfactualEdit] = []
-    while len(chosen) < k and left:
-        weights = floored_shares([max(u, 0.0) for _, u in left], floor)
-        chosen.append(left.pop(rng.choices(range(len(left)), weights=weights)[0])[0])
-    return chosen
-
-
 def floored_shares(weights: Sequence[float], floor: float) -> list[float]:
     """floor / n + (1 - floor) · w_i / Σ w for each of n non-negative weights (uniform where they are all 0): how
-    both edit samplers mix what they prefer with a uniform share, so no family or field is ever starved."""
+    the family sampler mixes what it prefers with a uniform share, so no family is ever starved."""
     total = sum(weights)
     return [floor / len(weights) + (1 - floor) * (w / total if total > 0 else 1 / len(weights)) for w in weights]

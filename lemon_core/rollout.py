@@ -5,8 +5,7 @@ For one batch of tasks (``collect_rollouts``):
 1. The policy samples G completions per task (one prompt template, ``policy.orchestrator_messages``).
 2. Each completion is parsed with ``parse_spec(text, pool)``; field spans are kept. A completion that
    does not parse/validate is *invalid* and gets ``RewardConfig.invalid_penalty``, nothing else.
-3. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` (an edit needs only the spec),
-   or with ``edit_choice: uncertain`` by how undecided the policy was on each edited span.
+3. Per valid spec, K edits are chosen by the adaptive ``EditFamilySampler`` (an edit needs only the spec).
 4. All valid specs of all tasks and all their edits are executed together (``execute_specs`` batches
    every DAG level of every spec per capacity, and sends a call shared by several specs once) and scored
    with each task's benchmark; ``compute_reward`` gives the terms. An edit shares every call upstream of
@@ -30,118 +29,37 @@ Record format (one JSON object per line of a shard, the fields of ``RolloutRecor
     edits: [{family, agent_id, span, description, reward, delta}]
 
 Token masks for the counterfactual term are built at train time from ``offsets`` and each edit's
-``span`` (``grpo.span_token_mask``), so records do not depend on the trainer's tokenizer being loaded.
+``span`` (``credit.span_token_mask``), so records do not depend on the trainer's tokenizer being loaded.
 Shards are written with one function, ``write_records``, atomically (storage: tmp name, then rename).
 """
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
+from lemon_core.config import RolloutConfig
 from lemon_core.counterfactual import (
     CounterfactualEdit,
     EditFamily,
     EditFamilySampler,
     counterfactual_edits,
-    sample_uncertain_edits,
 )
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
-from lemon_core.grpo import span_token_mask
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward, trace_score
 from lemon_core.spec import ParsedSpec, SpecError, parse_spec, spec_json_schema
 from lemon_core.stats import mean_interval
-from lemon_core.vllm_sampler import VLLMSampler, VLLMSamplerConfig
+from lemon_core.vllm_sampler import VLLMSampler
 
 Scorer = Callable[[str, Any], float]
-
-
-class RolloutConfig(BaseModel):
-    """How specs are sampled and probed."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    group_size: int = Field(4, ge=2, description="G: specs sampled per task (the GRPO group)")
-    edits_per_spec: int = Field(
-        2, ge=0, description="K: counterfactual edits per valid spec (0 = plain GRPO)"
-    )
-    max_new_tokens: int = Field(256, ge=8, description="longest spec the policy may write, in tokens")
-    temperature: float = Field(1.0, gt=0, le=2, description="sampling temperature (also used in the loss)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
-    sample_batch_size: int = Field(16, ge=1, description="completions generated together")
-    edit_families: list[str] = Field(
-        default_factory=lambda: ["drop_dependency", "duty_rollback", "capacity_reset"],
-        description="counterfactual edit families probed: dependency drops, duty rollbacks and capacity resets (an "
-        "agent to the pool's cheapest level; on a two-level pool the same edits as capacity_downgrade). "
-        "capacity_downgrade (one level down, the edit lemon first shipped) in place of capacity_reset was 5.7 ± 2.1 "
-        "steps slower to 90% of the optimum on bench/credit.py (32 seeds, 2026-12-07; with grpo.cf_max_ratio 1 the "
-        "resets reach 0.647 of plain GRPO's steps); add capacity_upgrade to also "
-        "probe one level up (off by default: it took the span term's gain in the optimal-pair share, +0.146 ± 0.039, "
-        "to -0.004 ± 0.053, 16 seeds, 2026-12-05)",
-    )
-    null_resets: bool = Field(
-        False,
-        description="with capacity_reset: also 'reset' each agent already at the pool's cheapest level, an edit that "
-        "changes nothing (its re-execution is all node-cache hits, its contrast exactly 0). Only for "
-        "grpo.cf_span_credit: replace, where that 0 stands in for the group term on the agent's capacity span; "
-        "under add it spends one of the K edits on nothing",
-    )
-    edit_floor: float = Field(0.2, ge=0, le=1, description="uniform share of edit sampling (either edit_choice)")
-    edit_choice: Literal["family", "uncertain"] = Field(
-        "family",
-        description="how the K edits of a spec are picked: family = the paper's adaptive family sampler (a family "
-        "by its recent mean |Delta|, then an edit of it); uncertain = each edit by 1 - p(its span) under the "
-        "sampling policy, so the re-executions go to the fields the policy has not decided "
-        "(counterfactual.sample_uncertain_edits). family by default: on bench/credit.py uncertain steered a little "
-        "further with one checker (P(optimal spec) +0.08 ± 0.02 over 32 seeds) and away from the optimum with three "
-        "(docs/training.md)",
-    )
-    edit_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of each family's mean |Delta|")
-    sampler: Literal["transformers", "vllm"] = Field(
-        "transformers",
-        description="who generates the specs: the policy's own transformers generate (CPU default) or a "
-        "vLLM engine on GPU that reloads the policy's weights after every update (see vllm_sampler.py)",
-    )
-    vllm: VLLMSamplerConfig = Field(default_factory=VLLMSamplerConfig, description="used when sampler: vllm")
-    grammar: bool = Field(
-        False,
-        description="constrain the policy's own generate to the spec grammar (lemon_core/grammar.py, llguidance): "
-        "every sample is a well-formed spec with enum levels/base roles and sequential ids a1, a2, ...; old "
-        "log-probs and the KL stay those of the unconstrained policy. Graph rules a grammar cannot express are "
-        "still checked and counted. The vLLM sampler uses rollout.vllm.guided_json instead",
-    )
-    grammar_max_agents: int = Field(4, ge=1, le=12, description="most agents a grammar-constrained spec may have")
-    grammar_max_duty_chars: int = Field(
-        200, ge=1, description="longest role/duty text under the grammar (keeps specs inside max_new_tokens)"
-    )
-    check_budget: bool = Field(
-        True,
-        description="refuse a max_new_tokens below the 95th percentile of the SFT targets' token lengths "
-        "(sft.check_token_budget); only tiny test configs, whose random model never finishes a spec, turn it off",
-    )
-    mask_truncated: bool = Field(
-        True,
-        description="completions that hit max_new_tokens without a complete, valid spec are counted as "
-        "`truncated` and contribute no gradient (their reward still enters the group statistics), so GRPO "
-        "does not learn 'shorter is valid' from specs the budget cut off (TRL's mask_truncated_completions)",
-    )
-
-    @model_validator(mode="after")
-    def _null_resets_need_resets(self) -> RolloutConfig:
-        """``null_resets`` only adds capacity_reset edits: without that family it would silently do nothing."""
-        if self.null_resets and "capacity_reset" not in self.edit_families:
-            raise ValueError(f"rollout.null_resets: true adds capacity_reset edits, but rollout.edit_families is "
-                             f"{self.edit_families}; add capacity_reset to edit_families or set null_resets: false")
-        return self
 
 
 def attach_sampler(policy: OrchestratorPolicy, model_dir: str, cfg: RolloutConfig, pool: CapacityPool,
@@ -299,7 +217,7 @@ def collect_rollouts(
     stats = RolloutStats()
     cache = ExecutionCache.for_pool(pool)
     valid = [i for i, p in enumerate(parsed) if p is not None]
-    edits = choose_edits(records, parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
+    edits = choose_edits(parsed, valid, pool, cfg, sampler, seed) if cfg.edits_per_spec > 0 else []
     # The sampled specs and their edits run as one batch (an edit needs only its spec, not its trace); a
     # call an edit shares with its original runs once and is counted for the original.
     traces = execute_specs(
@@ -364,7 +282,6 @@ def credit_shared_calls_to_originals(traces: list[Trace], n_originals: int) -> N
 
 
 def choose_edits(
-    records: Sequence[RolloutRecord],
     parsed: list[ParsedSpec | None],
     valid: list[int],
     pool: CapacityPool,
@@ -373,27 +290,15 @@ def choose_edits(
     seed: int,
 ) -> list[tuple[int, CounterfactualEdit]]:
     """K counterfactual edits per valid spec, as (index of its record, edit): one field changed each,
-    picked by ``cfg.edit_choice``."""
+    picked by the adaptive family sampler."""
     rng = random.Random(seed)
     jobs: list[tuple[int, CounterfactualEdit]] = []
     for i in valid:
         p = parsed[i]
         assert p is not None
-        candidates = counterfactual_edits(p, pool, sampler.families, null_resets=cfg.null_resets)
-        if cfg.edit_choice == "uncertain":
-            uncertainty = [1.0 - span_probability(records[i], e.span) for e in candidates]
-            chosen = sample_uncertain_edits(candidates, uncertainty, cfg.edits_per_spec, rng, floor=cfg.edit_floor)
-        else:
-            chosen = sampler.sample(candidates, cfg.edits_per_spec, rng)
-        jobs.extend((i, edit) for edit in chosen)
+        candidates = counterfactual_edits(p, pool, sampler.families)
+        jobs.extend((i, edit) for edit in sampler.sample(candidates, cfg.edits_per_spec, rng))
     return jobs
-
-
-def span_probability(record: RolloutRecord, span: tuple[int, int]) -> float:
-    """p(span): the product of the sampling probabilities (``old_logprobs``) of the completion tokens that
-    overlap the character span (grpo.span_token_mask's rule, the tokens the span term will move)."""
-    mask = span_token_mask(record.offsets, span)
-    return math.exp(sum(lp for lp, inside in zip(record.old_logprobs, mask.tolist(), strict=True) if inside))
 
 
 def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> dict[str, Any]:

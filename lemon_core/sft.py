@@ -22,12 +22,13 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from lemon_core import baselines
+from lemon_core.config import SFTConfig
 from lemon_core.errors import ConfigError
 from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
@@ -35,9 +36,8 @@ from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import Scorer, benchmark_scorer, parse_completion
 from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
 from lemon_core.stats import wilson_interval
-from lemon_core.teachers import SweepConfig, candidate_specs, sweep_candidates_text, sweep_report, sweep_teachers
+from lemon_core.teachers import candidate_specs, sweep_candidates_text, sweep_report, sweep_teachers
 
-TOPOLOGIES = baselines.SMALL_TOPOLOGIES
 VALID_CHECK_BATCH = 32  # samples per batch of the valid-spec check (it keeps no log-probs, so memory is small)
 
 ROLE_NAMES: dict[str, list[str]] = {
@@ -76,43 +76,6 @@ CUSTOM_DUTIES: dict[str, list[str]] = {
     "debater": ["Defend your answer or correct it after reading the others."],
     "summarizer": ["Summarise the work in two sentences with the final result."],
 }
-
-
-class SFTConfig(BaseModel):
-    """SFT warm-up settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="run the SFT warm-up before GRPO")
-    steps: int = Field(60, ge=0, description="optimizer steps")
-    batch_size: int = Field(8, ge=1, description="(prompt, spec) pairs per optimizer step")
-    lr: float = Field(5e-5, gt=0, description="AdamW learning rate of the warm-up")
-    topologies: list[str] = Field(
-        default_factory=lambda: list(TOPOLOGIES),
-        description=f"baseline topologies to vary, from {list(TOPOLOGIES)}",
-    )
-    vary_text: bool = Field(True, description="vary role names and customised duties (else defaults)")
-    mixed_capacity: bool = Field(True, description="per-agent random capacity (else one level per spec)")
-    pairs_per_task: int = Field(1, ge=0, description="templated specs per training task (0: teacher only)")
-    teacher_jsonl: str | None = Field(None, description="extra teacher specs, JSONL {question, spec}")
-    eval_tasks: int = Field(4, ge=0, description="tasks whose samples measure the valid-spec rate")
-    eval_samples: int = Field(2, ge=1, description="samples per task for the valid-spec rate")
-    check_before: bool = Field(
-        True, description="also measure the valid-spec rate before SFT (the base model's, to compare with the rate "
-        "after); it samples as much as a check after, on CPU mostly cut-off gibberish at the full budget",
-    )
-    teacher: Literal["templated", "sweep"] = Field(
-        "templated",
-        description="templated: random valid specs (teaches the format only); sweep: per training task the "
-        "best-reward spec of a sweep of candidates executed on the pool (teaches choices; lemon_core/teachers.py)",
-    )
-    sweep: SweepConfig = Field(default_factory=SweepConfig, description="candidates of teacher: sweep")
-    target_valid_rate: float | None = Field(
-        None, gt=0, le=1,
-        description="keep training in rounds of `steps` until the unconstrained valid-spec rate on the held-out "
-        "samples (eval_tasks × eval_samples, use ≥ 32) reaches this, at most max_rounds rounds; None: one round",
-    )
-    max_rounds: int = Field(1, ge=1, description="most rounds of `steps` when target_valid_rate is set")
 
 
 def templated_spec(pool: CapacityPool, rng: random.Random, cfg: SFTConfig) -> OrchestrationSpec:

@@ -45,15 +45,20 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from lemon_core.roles import BASE_ROLES
 
-if TYPE_CHECKING:
-    from lemon_core.pool import CapacityPool
+
+class HasLevels(Protocol):
+    """What ``parse_spec`` needs of a capacity pool (``pool.CapacityPool``): its level names, cheapest first.
+    A protocol, so the spec layer does not depend on the pool (and its backends)."""
+
+    @property
+    def level_names(self) -> list[str]: ...
 
 AGENT_FIELDS = ("id", "role", "base_role", "duty", "capacity", "depends_on")
 SPEC_FIELDS = ("agents", "output")
@@ -579,7 +584,7 @@ class ParsedSpec:
         return self.text[start:end]
 
 
-def parse_spec(text: str, pool: CapacityPool | Sequence[str] | None = None,
+def parse_spec(text: str, pool: HasLevels | Sequence[str] | None = None,
                limits: SpecLimits | None = None) -> ParsedSpec:
     """Find, validate and locate the spec in raw orchestrator output. `pool` (a CapacityPool or a
     list of level names) restricts capacities; None accepts any capacity name."""

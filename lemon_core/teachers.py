@@ -28,55 +28,17 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from lemon_core import baselines
+from lemon_core.config import SWEEP_TOPOLOGIES, SweepConfig
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, compute_reward, trace_score
 from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents, validate_spec
 from lemon_core.stats import standard_error, wilson_interval
-
-SWEEP_TOPOLOGIES = ("cot", "chain", "sc")
-
-
-class SweepConfig(BaseModel):
-    """Which candidate specs the teacher sweep executes for each training task."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    topologies: list[str] = Field(
-        default_factory=lambda: list(SWEEP_TOPOLOGIES),
-        description=f"baseline topologies tried at every capacity level, from {list(SWEEP_TOPOLOGIES)} "
-        "(cot = one solver, chain = solver then verifier, sc = two solvers + aggregator)",
-    )
-    helpers_cheap: bool = Field(
-        True, description="also try each multi-agent topology with every agent at the cheapest level except "
-        "the output agent at the most capable one",
-    )
-    max_tasks: int | None = Field(
-        None, ge=1, description="sweep at most this many training tasks (the rest get no teacher spec)"
-    )
-    batch_size: int = Field(16, ge=1, description="tasks executed together (every candidate of a task at once)")
-    select: Literal["per_benchmark", "per_task"] = Field(
-        "per_benchmark",
-        description="per_benchmark: every task of a benchmark is taught one candidate chosen from the mean rewards "
-        "on that benchmark (`se_margin`; what a policy can learn: it cannot know which tasks a cheap agent solves by "
-        "luck); per_task: each task its own best-reward candidate (tasks none solves get the benchmark's choice)",
-    )
-    se_margin: float = Field(
-        1.0, ge=0, description="teach the cheapest candidate (measured cost per task) whose mean reward is within "
-        "this many standard errors of the best mean reward (the one-standard-error rule: on a few tasks a candidate "
-        "one task ahead is not measurably better); 0 teaches the best mean reward whatever it costs",
-    )
-    teach_top: int = Field(
-        1, ge=1, description="teach each task this many candidates (by the `select` rule: per benchmark the "
-        "`se_margin` choice first, then the best mean rewards), one SFT "
-        "target each: 1 teaches one spec per benchmark and SFT collapses onto it, so every spec of a GRPO group is "
-        "the same and no advantage is left to learn from; 2-3 keep the SFT policy spread over the good choices",
-    )
 
 
 class TeacherChoice(BaseModel):

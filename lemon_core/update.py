@@ -1,7 +1,7 @@
 """The GRPO update: per-token advantages of a batch of rollout records, then one clipped-surrogate
 + KL optimizer step per PPO epoch with gradient accumulation over micro-batches.
 
-The loss itself (and the advantage formulas) live in ``grpo.py``; this file only feeds it: it packs
+The advantages live in ``credit.py`` and the loss in ``grpo.py``; this file only feeds them: it packs
 records into micro-batches, computes the reference log-probs, scales each micro-batch's loss to the
 whole batch (over all ranks) and lets the distributed strategy (``dist.py``) reduce the gradients.
 """
@@ -17,22 +17,22 @@ from typing import Any
 import torch
 
 from lemon_core import fsdp
-from lemon_core.config import TrainConfig
+from lemon_core.config import GRPOConfig, TrainConfig
+from lemon_core.credit import Credit, credit_advantages, span_token_mask
 from lemon_core.dist import FSDP, Replicate, Strategy, all_reduce_sum, sum_over_ranks
-from lemon_core.grpo import Credit, GRPOConfig, credit_advantages, grpo_loss, span_token_mask
+from lemon_core.grpo import grpo_loss
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.progress import progress as progress_of
 from lemon_core.rollout import RolloutRecord
 
 
 def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
-    """Per-token advantages of each record (``grpo.credit_advantages``): the group advantage per (step, task)
+    """Per-token advantages of each record (``credit.credit_advantages``): the group advantage per (step, task)
     with the std floor, plus the counterfactual span term on each edited span, scaled, clipped and capped
     relative to the group term; with the counts the step's ``credit/*`` metrics report."""
     return credit_advantages(
         [r.reward.total for r in records],
         [(r.step, r.task_id) for r in records],
-        [r.score if r.valid else None for r in records],
         [len(r.completion_ids) for r in records],
         [[(span_token_mask(r.offsets, e.span), e.delta, e.family) for e in r.edits if e.span[1] > e.span[0]]
          for r in records],
@@ -143,12 +143,11 @@ def grpo_update(
     metrics["grad_norm"] = grad_norm / epochs
     metrics["update_tokens_per_s"] = n_tok / max(time.perf_counter() - t0, 1e-9)
     metrics["lr"] = scheduler.get_last_lr()[0]
-    counts = {"credit/groups": 0.0, "credit/constant_groups": 0.0, "credit/dropped_groups": 0.0,
+    counts = {"credit/groups": 0.0, "credit/constant_groups": 0.0,
               "credit/floored_groups": 0.0, "credit/capped_tokens": 0.0,
               "truncated_masked": float(sum(not k for k in keep))}
     if credit is not None:
         counts.update({"credit/groups": credit.groups, "credit/constant_groups": credit.constant_groups,
-                       "credit/dropped_groups": credit.dropped_groups,
                        "credit/floored_groups": credit.floored_groups, "credit/capped_tokens": credit.capped_tokens})
     metrics.update(sum_over_ranks(counts))  # whole groups live on one rank (shard_by_group): sums are exact
     return metrics

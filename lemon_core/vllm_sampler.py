@@ -28,42 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class VLLMSamplerConfig(BaseModel):
-    """Engine settings of the vLLM sampler (``rollout.vllm`` in the train config)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dtype: str = Field("auto", description="weights dtype in vLLM: auto (the checkpoint's), bfloat16, float32")
-    gpu_memory_utilization: float = Field(
-        0.35,
-        gt=0,
-        le=1,
-        description="share of GPU memory vLLM may take (weights + KV cache); the trainer shares the GPU, "
-        "so leave room for the policy, its reference, gradients and optimizer state",
-    )
-    max_model_len: int = Field(4096, ge=64, description="longest prompt + completion vLLM accepts")
-    enforce_eager: bool = Field(False, description="skip CUDA graph capture (faster start, slower decode)")
-    guided_json: bool = Field(
-        False,
-        description="constrain samples to the spec's JSON schema (needs spec_format: json in the config)",
-    )
-    structured_outputs_backend: Literal["xgrammar", "guidance"] = Field(
-        "xgrammar",
-        description="vLLM's structured-outputs backend for guided_json (the two that can forbid free "
-        "whitespace, which compact JSON specs need)",
-    )
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans")
-    lora_adapters: bool = Field(
-        True,
-        description="LoRA policies: vLLM serves the frozen base plus the current adapter, handed over after "
-        "every update (a few MB); false hands it the merged weights instead (the whole model, every step)",
-    )
-
+from lemon_core.config import VLLMSamplerConfig
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 

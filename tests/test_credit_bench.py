@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from lemon_core.backends.simulated import register_examples
+from lemon_core.config import RewardConfig, SFTConfig
 from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.reward import RewardConfig, RewardTerms
+from lemon_core.reward import RewardTerms
 from lemon_core.rollout import RolloutRecord
-from lemon_core.sft import SFTConfig, sft_train
+from lemon_core.sft import sft_train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_modules import load_bench  # noqa: E402

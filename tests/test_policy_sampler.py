@@ -22,12 +22,12 @@ import pytest
 import torch
 
 from lemon_core.baselines import BASELINES, baseline_spec
+from lemon_core.config import RolloutConfig, SFTConfig, VLLMSamplerConfig
 from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.rollout import RolloutConfig, attach_sampler, parse_completion
-from lemon_core.sft import SFTConfig, sft_pairs
+from lemon_core.rollout import attach_sampler, parse_completion
+from lemon_core.sft import sft_pairs
 from lemon_core.spec import parse_spec, render_spec_json, spec_json_schema
-from lemon_core.vllm_sampler import VLLMSamplerConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

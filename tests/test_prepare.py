@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lemon_core import prepare
-from lemon_core.prepare import PrepareConfig, PrepareError
+from lemon_core.config import PrepareConfig
+from lemon_core.prepare import PrepareError
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lemon_core.baselines import self_consistency
+from lemon_core.config import RewardConfig
 from lemon_core.executor import AgentTrace, Trace
-from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.reward import compute_reward
 
 
 def _trace(tokens_per_agent: int, cost_per_agent: float) -> Trace:

@@ -11,10 +11,10 @@ import pytest
 from lemon_core.backends.simulated import register_examples
 from lemon_core.baselines import chain, cot
 from lemon_core.benchmarks import Example
+from lemon_core.config import RewardConfig
 from lemon_core.counterfactual import EditFamilySampler
 from lemon_core.policy import Sample, spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.reward import RewardConfig
 from lemon_core.rollout import (
     RolloutConfig,
     collect_rollouts,

@@ -10,9 +10,10 @@ from lemon_core.backends.base import GenerationRequest
 from lemon_core.backends.simulated import SimulatedBackend, register_examples
 from lemon_core.baselines import chain, cot
 from lemon_core.benchmarks import Example, get
+from lemon_core.config import RewardConfig
 from lemon_core.executor import execute_specs
 from lemon_core.pool import load_pool
-from lemon_core.reward import RewardConfig, compute_reward
+from lemon_core.reward import compute_reward
 from lemon_core.roles import BASE_ROLES
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"

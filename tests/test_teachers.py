@@ -7,8 +7,8 @@ from collections import Counter
 
 from lemon_core.backends.simulated import register_examples
 from lemon_core.benchmarks import Example
+from lemon_core.config import RewardConfig
 from lemon_core.pool import load_pool
-from lemon_core.reward import RewardConfig
 from lemon_core.rollout import benchmark_scorer
 from lemon_core.teachers import (
     CandidateResult,

@@ -18,8 +18,7 @@ from safetensors.torch import load_file
 from lemon_core.baselines import cot
 from lemon_core.benchmarks import Example
 from lemon_core.checkpoint import latest_checkpoint
-from lemon_core.config import TrainConfig
-from lemon_core.grpo import GRPOConfig
+from lemon_core.config import GRPOConfig, TrainConfig
 from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.reward import RewardTerms

@@ -99,7 +99,7 @@ def _samples(policy: Any, rank: int) -> list[list[int]]:
 
 
 def _pipeline_cfg(model_dir: Path, artifacts: Path, strategy: str) -> Any:
-    from lemon_core.prepare import PrepareConfig
+    from lemon_core.config import PrepareConfig
     from lemon_core.stages import PipelineConfig
 
     train = dict(model=str(model_dir), pool="simulated", grpo=dict(kl_coef=0.04, cf_coef=1.0),

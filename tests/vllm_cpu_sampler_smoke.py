@@ -55,10 +55,11 @@ def main() -> int:
     import jsonschema
     from tiny_models import build_tiny_chat_model
 
+    from lemon_core.config import VLLMSamplerConfig
     from lemon_core.policy import OrchestratorPolicy
     from lemon_core.pool import load_pool
     from lemon_core.spec import SpecLimits, spec_json_schema
-    from lemon_core.vllm_sampler import VLLMSampler, VLLMSamplerConfig
+    from lemon_core.vllm_sampler import VLLMSampler
 
     pool = load_pool("simulated")
     cfg = VLLMSamplerConfig(dtype="float32", enforce_eager=True, max_model_len=1024)
