@@ -18,7 +18,6 @@ from lemon_core.counterfactual import (
     EditFamily,
     EditFamilySampler,
     counterfactual_edits,
-    sample_uncertain_edits,
     upgrade,
 )
 from lemon_core.executor import ExecutionCache, execute_specs
@@ -165,35 +164,8 @@ def test_sampler_samples_only_its_families() -> None:
         counterfactual_edits(parsed, POOL, [])
 
 
-def test_uncertain_edits_are_drawn_by_one_minus_span_probability() -> None:
-    edits = counterfactual_edits(parse_spec(spec_completion(SPEC), POOL), POOL, PAPER_FAMILIES)
-    key = [(e.family, e.agent_id) for e in edits]
-    undecided = {(EditFamily.capacity_downgrade, "check"): 0.6, (EditFamily.capacity_downgrade, "solve"): 0.2}
-    u = [undecided.get(k, 0.0) for k in key]
-    # no floor: only the undecided capacities are drawn, in proportion 3 : 1
-    rng = random.Random(0)
-    firsts = [sample_uncertain_edits(edits, u, 1, rng, floor=0.0)[0] for _ in range(2000)]
-    picked = [(e.family, e.agent_id) for e in firsts]
-    assert set(picked) == set(undecided)
-    share = picked.count((EditFamily.capacity_downgrade, "check")) / len(picked)
-    assert 0.70 < share < 0.80  # 0.6 / (0.6 + 0.2) = 0.75
-    two = sample_uncertain_edits(edits, u, 2, random.Random(0), floor=0.0)
-    assert {(e.family, e.agent_id) for e in two} == set(undecided)
-    # once the undecided ones are taken (or none is undecided) the draw is uniform over what is left, never repeated
-    every = sample_uncertain_edits(edits, u, len(edits) + 3, random.Random(0), floor=0.0)
-    assert len(every) == len(edits) and len({id(e) for e in every}) == len(edits)
-    sure = [sample_uncertain_edits(edits, [0.0] * len(edits), 1, rng)[0] for _ in range(800)]
-    assert min(sure.count(e) for e in edits) > 50  # 100 each expected
-    # the floor keeps a decided field probed sometimes
-    floored = [sample_uncertain_edits(edits, u, 1, rng, floor=0.5)[0] for _ in range(4000)]
-    assert 0.35 < sum((e.family, e.agent_id) not in undecided for e in floored) / 4000 < 0.40  # 0.5 * 6 / 8
-    with pytest.raises(ValueError, match="one per edit"):
-        sample_uncertain_edits(edits, u[:-1], 1, random.Random(0))
-
-
 def test_capacity_reset_contrasts_every_agent_above_the_cheapest_level_with_it() -> None:
-    """capacity_reset: one edit per agent above the pool's cheapest level, to that level. With null_resets an agent
-    already there gets the unchanged spec too, whose re-execution is all cache hits and whose contrast is 0."""
+    """capacity_reset: one edit per agent above the pool's cheapest level, to that level; none for an agent there."""
     parsed = parse_spec("Here is my team:\n" + spec_completion(SPEC), POOL)
     assert EditFamily.capacity_reset not in ALL_FAMILIES and EditFamily.capacity_reset not in PAPER_FAMILIES
     assert not [e for e in counterfactual_edits(parsed, POOL, ALL_FAMILIES) if e.family is EditFamily.capacity_reset]
@@ -201,21 +173,9 @@ def test_capacity_reset_contrasts_every_agent_above_the_cheapest_level_with_it()
     assert set(resets) == {"solve", "check"}  # plan is already small
     assert resets["check"].spec.agent("check").capacity == "small"  # medium -> small, as a downgrade would
     assert resets["solve"].spec.agent("solve").capacity == "small"  # large -> small, where a downgrade stops at medium
-    with_nulls = {e.agent_id: e for e in counterfactual_edits(parsed, POOL, [EditFamily.capacity_reset],
-                                                              null_resets=True)}
-    assert set(with_nulls) == {"plan", "solve", "check"}
-    for agent_id, e in with_nulls.items():
+    for agent_id, e in resets.items():
         assert parsed.text[e.span[0] : e.span[1]] == SPEC.agent(agent_id).capacity
-        assert e.spec.agent(agent_id).capacity == "small"
-    assert with_nulls["plan"].spec == SPEC
-    assert sum(a != b for a, b in zip(SPEC.agents, with_nulls["solve"].spec.agents, strict=True)) == 1
-    task = Example(id="t/reset", benchmark="multiarith", question="Ann has 2 cats and gets 5. How many?", answer="7",
-                   answer_format="Answer with a number.")
-    register_examples([task])
-    cache = ExecutionCache()
-    [original] = execute_specs([SPEC], [task], POOL, cache=cache, seed=5)
-    [same] = execute_specs([with_nulls["plan"].spec], [task], POOL, cache=cache, seed=5)
-    assert all(a.cached for a in same.agents) and same.answer == original.answer and same.cost == original.cost
+    assert sum(a != b for a, b in zip(SPEC.agents, resets["solve"].spec.agents, strict=True)) == 1
 
 
 def test_on_a_two_level_pool_resets_are_the_downgrades_edit_for_edit() -> None:

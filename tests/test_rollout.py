@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from lemon_core.rollout import (
     collect_rollouts,
     parse_completion,
     read_records,
-    span_probability,
     write_records,
 )
 
@@ -233,49 +231,3 @@ def test_a_call_an_edit_runs_early_is_counted_for_its_original() -> None:
     assert traces[0].agent_calls == 3 and traces[1].agent_calls == 1  # the edit really ran only its own a2
     assert [a.agent_id for a in traces[1].agents if not a.cached] == ["a2"]
     assert traces[0].agents[2].latency_s == 0.5 and traces[1].agents[-1].latency_s == 0.0
-
-
-def test_uncertain_edit_choice_probes_the_fields_the_policy_hesitated_over() -> None:
-    """edit_choice: uncertain with no floor: a chain's dependencies and duties were written with p = 1, its
-    capacities with p < 1, so every edit is a capacity reset; p(span) is the product over the span's tokens."""
-    spec = chain("large", length=3)
-    text = spec_completion(spec)
-    hesitant = {i for start in range(len(text)) if text.startswith("large", start) for i in range(start, start + 5)}
-
-    def logprobs(t: str) -> list[float]:
-        return [-0.3 if i in hesitant else 0.0 for i in range(len(t))]
-
-    policy = ScriptedPolicy([text], logprobs)
-    for choice, only_capacities in (("uncertain", True), ("family", False)):
-        cfg = RolloutConfig(group_size=4, edits_per_spec=2, edit_choice=choice, edit_floor=0.0)
-        records, _ = collect_rollouts(policy, TASKS, POOL, cfg, RewardConfig(), EditFamilySampler(floor=0.0),
-                                      step=1, seed=0, scorer=_score)
-        families = {e.family for r in records for e in r.edits}
-        assert all(len(r.edits) == 2 for r in records)
-        assert (families == {"capacity_reset"}) is only_capacities, (choice, families)
-    capacity = next(e for r in records for e in r.edits if e.family == "capacity_reset")
-    assert span_probability(records[0], capacity.span) == pytest.approx(math.exp(-0.3 * 5))
-    assert span_probability(records[0], tuple(records[0].spans["a2/depends_on[0]"])) == 1.0
-
-
-def test_null_resets_add_a_zero_contrast_for_agents_already_at_the_cheapest_level() -> None:
-    """rollout.null_resets reaches counterfactual_edits: off, only the `large` middle agent of a small/large/small
-    chain is reset; on, the two `small` agents get an edit too, whose contrast is exactly 0."""
-    base = chain("large", length=3)
-    spec = base.model_copy(update={"agents": [a.model_copy(update={"capacity": "small" if a.id != "a2" else "large"})
-                                              for a in base.agents]})
-    policy = ScriptedPolicy([spec_completion(spec)])
-    for null_resets, agents in ((False, {"a2"}), (True, {"a1", "a2", "a3"})):
-        cfg = RolloutConfig(group_size=2, edits_per_spec=5, edit_families=["capacity_reset"], null_resets=null_resets)
-        records, _ = collect_rollouts(policy, TASKS[:1], POOL, cfg, RewardConfig(),
-                                      EditFamilySampler(families=cfg.edit_families), step=1, seed=0, scorer=_score)
-        assert all({e.agent_id for e in r.edits} == agents for r in records), null_resets
-        assert all(e.delta == 0.0 for r in records for e in r.edits if e.agent_id != "a2")
-
-
-def test_null_resets_without_the_reset_family_are_refused() -> None:
-    """null_resets adds capacity_reset edits only; with the family off it would be a silent no-op, so the config
-    names both fields and the fix."""
-    with pytest.raises(ValueError, match="add capacity_reset to edit_families or set null_resets: false"):
-        RolloutConfig(edit_families=["drop_dependency", "capacity_downgrade"], null_resets=True)
-    assert RolloutConfig(null_resets=True).null_resets  # the default families include capacity_reset

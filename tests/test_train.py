@@ -139,15 +139,11 @@ def test_counterfactual_advantage_lands_only_on_the_edited_span_tokens() -> None
         family="capacity_downgrade", agent_id="a1", span=(5, 8), description="", reward=0.5, delta=0.5
     )
     records = [_record("t", 1.0, 6, [edit]), _record("t", 0.0, 6, []), _record("u", 0.3, 6, [])]
-    # β·|Δ̃|·Δ̃, so the by-hand figures below show the weighting; the cap ρ = 2 (the default before 2026-12-06)
-    # leaves them whole (tests/test_grpo.py covers the cap)
-    quadratic = dict(cf_weight_by_abs_delta=True, cf_max_ratio=2.0)
-    adv = record_advantages(records, GRPOConfig(cf_coef=2.0, cf_delta_scale="none", **quadratic))
-    # group t: rewards [1, 0] -> group advantages [+1, -1]; span chars [5, 8) overlap tokens 2 (4-6), 3 (6-8)
-    assert adv[0].tolist() == pytest.approx([1, 1, 1 + 2 * 0.5 * 0.5, 1 + 0.5, 1, 1], abs=1e-5)
-    # group_std: group t's std is 0.5, so delta 0.5 -> 1.0 advantage units; 2 * |1| * 1 = 2 on the span
-    scaled = record_advantages(records, GRPOConfig(cf_coef=2.0, cf_delta_scale="group_std", **quadratic))
-    assert scaled[0].tolist() == pytest.approx([1, 1, 3, 3, 1, 1], abs=1e-4)  # std_eps: ~1e-5 off
+    # no cap, so the by-hand figures stay whole (tests/test_credit.py covers the cap)
+    adv = record_advantages(records, GRPOConfig(cf_coef=2.0, cf_max_ratio=None))
+    # group t: rewards [1, 0], std 0.5 -> group advantages [+1, -1]; Δ = 0.5 -> 1.0 advantage units, β·1 = 2 on the
+    # span; span chars [5, 8) overlap tokens 2 (4-6) and 3 (6-8)
+    assert adv[0].tolist() == pytest.approx([1, 1, 3, 3, 1, 1], abs=1e-4)
     assert adv[1].tolist() == pytest.approx([-1] * 6, abs=1e-5)
     assert adv[2].tolist() == [0.0] * 6  # a group of one: no contrast
     plain = record_advantages(records, GRPOConfig(cf_coef=0.0))
