@@ -492,89 +492,80 @@ def main() -> None:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                  epilog="The module docstring (bench/credit.py) describes the arms, the metric and "
                                         "how to split a run over processes.")
-    run_opts = ap.add_argument_group("the run")
-    run_opts.add_argument("--seeds", type=int, default=16, help="how many seeds to run (each: one run per arm)")
-    run_opts.add_argument("--first-seed", type=int, default=0, help="the first seed; seeds are consecutive from it")
-    run_opts.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
-                          help="which arms to run (default both); a run of one arm prints no ratio: --merge its --json "
-                               "file with the other arm's")
-    run_opts.add_argument("--steps", type=int, default=80,
-                          help="GRPO steps per arm, also the censoring horizon (a run that never reaches the target "
-                               "counts as steps + 1; at 40 most GRPO runs were censored)")
-    run_opts.add_argument("--window", type=int, default=5,
-                          help="steps whose mean expected reward is compared with the target")
-    run_opts.add_argument("--fraction", type=float, default=0.9, help="the target, as a share of the optimal reward r*")
-    run_opts.add_argument("--tasks-per-step", type=int, default=2, help="tasks sampled per GRPO step")
-    run_opts.add_argument("--group-size", type=int, default=6, help="G: specs sampled per task (the GRPO group)")
-    run_opts.add_argument("--lr", type=float, default=2e-4,
-                          help="policy learning rate; at 5e-4 the policy starts writing broken specs after ~10 steps")
-    run_opts.add_argument("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
-    run_opts.add_argument("--epochs", type=int, default=1,
-                          help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
-    run_opts.add_argument("--temperature", type=float, default=0.7,
-                          help="sampling temperature: < 1 keeps the long YAML valid; a uniform capacity choice stays "
-                               "uniform")
-    run_opts.add_argument("--max-new-tokens", type=int, default=200,
-                          help="longest spec the policy may write, in tokens")
-    run_opts.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=True,
-                          help="sample under the spec grammar (rollout.grammar, the product's default): a single update "
-                               "cannot wreck the policy's YAML, so what is measured is credit, not validity")
+    add = ap.add_argument_group("the run").add_argument
+    add("--seeds", type=int, default=16, help="how many seeds to run (each: one run per arm)")
+    add("--first-seed", type=int, default=0, help="the first seed; seeds are consecutive from it")
+    add("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+        help="which arms to run; a run of one arm prints no ratio: --merge its --json file with the other arm's")
+    add("--steps", type=int, default=80,
+        help="GRPO steps per arm, also the censoring horizon (a run that never reaches the target counts as "
+             "steps + 1; at 40 most GRPO runs were censored)")
+    add("--window", type=int, default=5, help="steps whose mean expected reward is compared with the target")
+    add("--fraction", type=float, default=0.9, help="the target, as a share of the optimal reward r*")
+    add("--tasks-per-step", type=int, default=2, help="tasks sampled per GRPO step")
+    add("--group-size", type=int, default=6, help="G: specs sampled per task (the GRPO group)")
+    add("--lr", type=float, default=2e-4,
+        help="policy learning rate; at 5e-4 the policy starts writing broken specs after ~10 steps")
+    add("--kl", type=float, default=0.04, help="kl_coef: keeps the SFT model's valid YAML")
+    add("--epochs", type=int, default=1,
+        help="optimizer steps per rollout batch (sampling dominates the cost; PPO clipping bounds them)")
+    add("--temperature", type=float, default=0.7,
+        help="sampling temperature: < 1 keeps the long YAML valid; a uniform capacity choice stays uniform")
+    add("--max-new-tokens", type=int, default=200, help="longest spec the policy may write, in tokens")
+    add("--grammar", action=argparse.BooleanOptionalAction, default=True,
+        help="sample under the spec grammar (rollout.grammar, the product's default): a single update cannot wreck "
+             "the policy's YAML, so what is measured is credit, not validity")
 
-    cf_opts = ap.add_argument_group("the counterfactual term (grpo+cf arm) and the credit formula")
-    cf_opts.add_argument("--edits", type=int, default=2,
-                         help="K: edits re-executed per sampled spec in the grpo+cf arm")
-    cf_opts.add_argument("--families", choices=list(FAMILY_SETS), default="reset",
-                         help="edit families: reset (rollout.edit_families' default: dependency drops, duty rollbacks, "
-                              "capacity resets to the cheapest level), paper (one-level capacity downgrades in place of "
-                              "the resets) or all (paper + capacity_upgrade)")
-    cf_opts.add_argument("--cf-coef", type=float, default=GRPOConfig().cf_coef,
-                         help="β: weight of the span term in the grpo+cf arm (the grpo arm always has 0)")
-    cf_opts.add_argument("--credit", choices=["calibrated", "legacy"], default="calibrated",
-                         help="calibrated: the trainer's credit with --std-floor and --cf-max-ratio; legacy: the paper's "
-                              "formula (no std floor, no cap; those two options are then ignored). Both arms use it")
-    cf_opts.add_argument("--std-floor", type=float, default=GRPOConfig().std_floor,
-                         help="σ_min: group advantages and contrasts are divided by max(group std, this) "
-                              "(GRPOConfig.std_floor; changes the grpo arm too)")
-    cf_opts.add_argument("--cf-max-ratio", type=float, default=GRPOConfig().cf_max_ratio,
-                         help="ρ: the span term is capped at ρ · max(|Â|, cf_ratio_floor) (GRPOConfig.cf_max_ratio); "
-                              "<= 0: no cap")
+    add = ap.add_argument_group("the counterfactual term (grpo+cf arm) and the credit formula").add_argument
+    add("--edits", type=int, default=2, help="K: edits re-executed per sampled spec in the grpo+cf arm")
+    add("--families", choices=list(FAMILY_SETS), default="reset",
+        help="edit families: reset (rollout.edit_families' default: dependency drops, duty rollbacks, capacity "
+             "resets to the cheapest level), paper (one-level capacity downgrades in place of the resets) or all "
+             "(paper + capacity_upgrade)")
+    add("--cf-coef", type=float, default=GRPOConfig().cf_coef,
+        help="β: weight of the span term in the grpo+cf arm (the grpo arm always has 0)")
+    add("--credit", choices=["calibrated", "legacy"], default="calibrated",
+        help="calibrated: the trainer's credit with --std-floor and --cf-max-ratio; legacy: the paper's formula (no "
+             "std floor, no cap; those two options are then ignored). Both arms use it")
+    add("--std-floor", type=float, default=GRPOConfig().std_floor,
+        help="σ_min: group advantages and contrasts are divided by max(group std, this) (GRPOConfig.std_floor; "
+             "changes the grpo arm too)")
+    add("--cf-max-ratio", type=float, default=GRPOConfig().cf_max_ratio,
+        help="ρ: the span term is capped at ρ · max(|Â|, cf_ratio_floor) (GRPOConfig.cf_max_ratio); <= 0: no cap")
 
-    family_opts = ap.add_argument_group("the task family and the simulated pool")
-    family_opts.add_argument("--checkers", type=int, default=1,
-                             help="checkers after the solver (a chain): 1 is the shipped family; with N, each spec has "
-                                  "N + 1 capacities to get right (3 ** (N + 1) assignments) and the best is a `large` "
-                                  "solver with `small` checkers. Give --max-new-tokens room for the longer spec")
-    family_opts.add_argument("--prices", type=parse_prices, default=None, metavar="S,M,L",
-                             help="input $ per 1M tokens of the small, medium and large levels (output twice that) "
-                                  "instead of the shipped simulated pool's 100,300,1000")
-    family_opts.add_argument("--coupled-draws", action="store_true",
-                             help="the simulated pool's coupled_draws: an agent keeps its random draw across a "
-                                  "re-execution (common random numbers), so an edit's contrast is its effect alone, not a "
-                                  "fresh draw; changes the grpo arm too")
-    family_opts.add_argument("--lambda-cost", type=float, default=1.0, help="weight of the price in the reward")
+    add = ap.add_argument_group("the task family and the simulated pool").add_argument
+    add("--checkers", type=int, default=1,
+        help="checkers after the solver (a chain): 1 is the shipped family; with N, each spec has N + 1 capacities "
+             "to get right (3 ** (N + 1) assignments) and the best is a `large` solver with `small` checkers. Give "
+             "--max-new-tokens room for the longer spec")
+    add("--prices", type=parse_prices, default=None, metavar="S,M,L",
+        help="input $ per 1M tokens of the small, medium and large levels (output twice that); default: the "
+             "shipped simulated pool's 100,300,1000")
+    add("--coupled-draws", action="store_true",
+        help="the simulated pool's coupled_draws: an agent keeps its random draw across a re-execution (common "
+             "random numbers), so an edit's contrast is its effect alone, not a fresh draw; changes the grpo arm too")
+    add("--lambda-cost", type=float, default=1.0, help="weight of the price in the reward")
 
-    sft_opts = ap.add_argument_group("the SFT model both arms start from")
-    sft_opts.add_argument("--sft-steps", type=int, default=400, help="SFT steps (1200 for --checkers 3)")
-    sft_opts.add_argument("--sft-on", type=parse_assignment, default=None, metavar="SOLVER,CHECKER",
-                          help="SFT on this one capacity assignment only (e.g. large,large) instead of all of them: the "
-                               "policy starts collapsed, as the sweep-taught SFT model on the real CPU pool does (every "
-                               "spec of a group the same, so the group term is 0 until something breaks the tie)")
-    sft_opts.add_argument("--sft-seed", type=int, default=0,
-                          help="seed of the one SFT model every seed and arm starts from")
-    sft_opts.add_argument("--sft-cache", type=Path, default=None,
-                          help="folder to keep the SFT model in and reuse it from (refused if trained with other prices "
-                               "or SFT settings)")
-    sft_opts.add_argument("--level-tokens", choices=["whole", "split"], default="whole",
-                          help="whole: the tiny policy's tokenizer writes ' small', ' medium', ' large' as one token "
-                               "each, as Qwen2.5's and SmolLM2's do; split: as runs of character tokens shared with all "
-                               "other text (the bench's older tokenizer)")
+    add = ap.add_argument_group("the SFT model both arms start from").add_argument
+    add("--sft-steps", type=int, default=400, help="SFT steps (1200 for --checkers 3)")
+    add("--sft-on", type=parse_assignment, default=None, metavar="SOLVER,CHECKER",
+        help="SFT on this one capacity assignment only (e.g. large,large) instead of all of them: the policy starts "
+             "collapsed, as the sweep-taught SFT model on the real CPU pool does (every spec of a group the same, so "
+             "the group term is 0 until something breaks the tie)")
+    add("--sft-seed", type=int, default=0, help="seed of the one SFT model every seed and arm starts from")
+    add("--sft-cache", type=Path, default=None,
+        help="folder to keep the SFT model in and reuse it from (refused if trained with other prices or SFT "
+             "settings)")
+    add("--level-tokens", choices=["whole", "split"], default="whole",
+        help="whole: the tiny policy's tokenizer writes ' small', ' medium', ' large' as one token each, as "
+             "Qwen2.5's and SmolLM2's do; split: as runs of character tokens shared with all other text (the "
+             "bench's older tokenizer)")
 
-    out_opts = ap.add_argument_group("output")
-    out_opts.add_argument("--json", type=Path, default=None,
-                          help="also write the settings and every run's curves here (input of --merge)")
-    out_opts.add_argument("--merge", nargs="+", default=None, metavar="FILE[:ARM]",
-                          help="run nothing: summarise these --json files as one run (FILE:grpo or FILE:grpo+cf takes "
-                               "one arm of a file); refuses files of different settings or repeated seeds")
+    add = ap.add_argument_group("output").add_argument
+    add("--json", type=Path, default=None, help="also write the settings and every run's curves here (for --merge)")
+    add("--merge", nargs="+", default=None, metavar="FILE[:ARM]",
+        help="run nothing: summarise these --json files as one run (FILE:grpo or FILE:grpo+cf takes one arm of a "
+             "file); refuses files of different settings or repeated seeds")
     args = ap.parse_args()
     if args.checkers < 1:
         ap.error(f"--checkers {args.checkers}: give 1 or more (the solver's answer needs a checker to read it)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,13 +95,6 @@ class EvalSummary(BaseModel):
     failures: int
     wall_s: float
     sandbox_mode: str | None = None
-
-
-def total_cost(summary: Mapping[str, Any]) -> float:
-    """A method's cost per example from its summary (an ``EvalSummary`` dump or summary.json): the agent calls plus,
-    for an orchestrator, its own call (prompt and spec). The report, its Pareto front and the eval metric use it."""
-    own = summary.get("orchestrator_cost_usd")
-    return float(summary["mean_cost_usd"]) + (float(own) if own is not None else 0.0)
 
 
 def orchestrator_specs(

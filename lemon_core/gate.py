@@ -1,11 +1,14 @@
-"""The publish gate: a trained orchestrator is published only when it is better than what is served
-*and* not worse than the best baseline evaluated in the same run.
+"""The publish gate: a trained orchestrator is published only when it is better than what is served,
+not worse than the best baseline evaluated in the same run, and not dominated by a cheaper baseline.
 
 Both comparisons use the configured metric (``publish.metric``, higher is better, averaged over the
 run's benchmarks weighted by n). The baseline comparison is interval-aware: for ``accuracy`` the
 candidate is refused only when even its 95% Wilson upper bound plus ``publish.baseline_margin`` stays
-below the best baseline's accuracy, i.e. when the run shows it worse with confidence. A refusal is not
-a failed run: the decision and its reason go into the report and the run's output.
+below the best baseline's accuracy, i.e. when the run shows it worse with confidence. With
+``publish.refuse_dominated`` (default) it is also refused when a baseline is cheaper per example (the
+orchestrator's own call counted) and at least as accurate as the run can tell
+(``comparison.dominating_baseline``): an orchestrator that ties CoT at a higher price is not worth serving.
+A refusal is not a failed run: the decision and its reason go into the report and the run's output.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lemon_core.comparison import dominating_baseline, pooled_cost
 from lemon_core.config import ORCHESTRATOR, SFT_ORCHESTRATOR, PipelineConfig
 from lemon_core.errors import LemonError
 from lemon_core.stats import wilson_interval
@@ -67,6 +71,17 @@ def publish_decision(cfg: PipelineConfig, rows: Sequence[dict[str, Any]],
         if cand_upper + margin < best:
             decision.reason = (f"{metric} {cand:.3f} (95% upper bound {cand_upper:.3f}) is below the best baseline "
                                f"{name} ({best:.3f}) by more than the margin {margin:g}")
+            return decision
+        mine = [r for r in rows if r["method"] == ORCHESTRATOR and "mean_cost_usd" in r]
+        priced = {m: rs for m, rs in baselines.items() if all("mean_cost_usd" in r for r in rs)}
+        dominating = dominating_baseline(mine, priced) if cfg.publish.refuse_dominated and mine else None
+        if dominating is not None:
+            name, accuracy, cost = dominating
+            mine_cost = pooled_cost(mine)
+            decision.reason = (f"dominated by {name}: accuracy {accuracy:.3f} at ${cost:.2e}/example is as accurate "
+                               f"as the run can tell (the candidate's {metric} {cand:.3f}, its 95% interval reaching "
+                               f"down to it) and cheaper than the candidate's ${mine_cost:.2e}/example (its own "
+                               "call counted); set publish.refuse_dominated: false to publish it anyway")
             return decision
     if served is not None and not cand > served + cfg.publish.min_improvement:
         decision.reason = (f"{metric} {cand:.3f} does not beat the served model's {served:.3f} "

@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from lemon_core.baselines import ORCHESTRATOR
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
-from lemon_core.evaluate import total_cost
+from lemon_core.comparison import total_cost
 from lemon_core.stats import wilson_interval
 from lemon_core.teachers import sweep_candidates_text
 

@@ -292,7 +292,8 @@ def stage_evaluate(
     """
     from lemon_core.baselines import baseline_spec
     from lemon_core.benchmarks import get as get_benchmark
-    from lemon_core.evaluate import evaluate, evaluate_orchestrator, total_cost
+    from lemon_core.comparison import total_cost
+    from lemon_core.evaluate import evaluate, evaluate_orchestrator
     from lemon_core.metrics import LemonMetrics
     from lemon_core.train import capped_pool, constrain, load_policy
 

@@ -122,7 +122,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1", "--cf-weight", "quadratic", "--edit-choice", "uncertain")
+                         "--cf-coef", "1")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
@@ -136,38 +136,31 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
     assert by_arm.stdout.strip().splitlines()[-2:] == lines[-2:]
 
 
-def test_both_credit_formulas_honour_scale_rewards() -> None:
-    """--credit legacy used to drop --no-scale-rewards (fixed in edd55c2 without a test): both formulas pass it on,
-    and each keeps its own floor, cap and drop settings."""
-    for scale in (True, False):
-        args = argparse.Namespace(credit="legacy", scale_rewards=scale, std_floor=0.05, cf_max_ratio=2.0,
-                                  drop_uniform=True, cf_weight="linear", span_credit="replace")
-        assert _credit()._credit_overrides(args) == {
-            "scale_rewards": scale, "std_floor": 0.0, "cf_max_ratio": None, "drop_uniform_success_groups": False}
-        args.credit = "calibrated"
-        assert _credit()._credit_overrides(args) == {
-            "scale_rewards": scale, "std_floor": 0.05, "cf_max_ratio": 2.0, "drop_uniform_success_groups": True,
-            "cf_weight_by_abs_delta": False, "cf_span_credit": "replace"}
+def test_the_credit_formulas_set_the_floor_and_the_cap() -> None:
+    """--credit legacy is the paper's formula whatever --std-floor and --cf-max-ratio say (no floor, no cap); the
+    calibrated one passes them on, a --cf-max-ratio <= 0 meaning no cap. Both give GRPOConfig fields it accepts."""
+    credit = _credit()
+    args = argparse.Namespace(credit="legacy", std_floor=0.05, cf_max_ratio=2.0)
+    assert credit._credit_overrides(args) == {"std_floor": 0.0, "cf_max_ratio": None}
+    args.credit = "calibrated"
+    assert credit._credit_overrides(args) == {"std_floor": 0.05, "cf_max_ratio": 2.0}
+    args.cf_max_ratio = 0.0
+    assert credit._credit_overrides(args) == {"std_floor": 0.05, "cf_max_ratio": None}
+    for formula in ("legacy", "calibrated"):
+        args.credit = formula
+        cfg = credit.GRPOConfig(**credit._credit_overrides(args))
+        assert (cfg.std_floor, cfg.cf_max_ratio) == tuple(credit._credit_overrides(args).values())
 
 
-def test_replace_span_credit_is_refused_with_the_legacy_formula(monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """--credit legacy returns the paper's formula whatever else is asked, so 'replace' with it would be ignored."""
-    monkeypatch.setattr(sys, "argv", ["credit.py", "--credit", "legacy", "--span-credit", "replace"])
+@pytest.mark.parametrize("option", ["--edit-choice", "--null-resets", "--span-credit", "--cf-weight", "--drop-uniform",
+                                    "--scale-rewards", "--no-scale-rewards"])
+def test_options_of_deleted_switches_are_gone(option: str, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The switches measured to give nothing were deleted from the trainer; the bench no longer offers them."""
+    monkeypatch.setattr(sys, "argv", ["credit.py", option])
     with pytest.raises(SystemExit) as exit_info:
         _credit().main()
-    assert exit_info.value.code == 2 and "--span-credit replace needs --credit calibrated" in capsys.readouterr().err
-
-
-def test_null_resets_are_refused_without_the_reset_family(monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """--null-resets only adds capacity resets: with --families paper or all it would change nothing, silently."""
-    for families in ("paper", "all"):
-        monkeypatch.setattr(sys, "argv", ["credit.py", "--families", families, "--null-resets"])
-        with pytest.raises(SystemExit) as exit_info:
-            _credit().main()
-        err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and f"--families {families} does not probe" in err, err
+    assert exit_info.value.code == 2 and f"unrecognized arguments: {option}" in capsys.readouterr().err
 
 
 def test_sft_on_teaches_one_assignment_and_is_checked_against_the_chain(monkeypatch: pytest.MonkeyPatch,
@@ -291,6 +284,10 @@ def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Pa
         credit.merge([a, write("d", 0)])
     with pytest.raises(SystemExit, match="differ in a_later_option"):  # no list of options to keep up to date
         credit.merge([a, write("e", 3, a_later_option=True)])
+    # a file of an older bench that recorded a switch since deleted: refused by name, even at its old default
+    with pytest.raises(SystemExit, match=r"f\.json was written by an older bench/credit.py .*\(edit_choice, "
+                                         r"null_resets\); re-run it"):
+        credit.merge([a, write("f", 4, edit_choice="family", null_resets=False)])
 
 
 def test_merge_pairs_one_arm_of_a_file_with_an_arm_run_alone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -311,7 +308,7 @@ def test_merge_pairs_one_arm_of_a_file_with_an_arm_run_alone(tmp_path: Path, cap
 
     both = write("both", {"grpo": [run(4, 0.1), run(2, 0.5)], "grpo+cf": [run(5, 0.0), run(5, 0.0)]})
     cf_alone = write("cf", {"grpo+cf": [run(3, 0.6, seed=1), run(1, 0.2, seed=0)]},
-                     arms=["grpo+cf"], cf_max_ratio=2.0, families="all", edit_choice="uncertain")
+                     arms=["grpo+cf"], cf_max_ratio=2.0, families="all", edits=3)
     credit.merge([f"{both}:grpo", cf_alone])
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == "ratio=0.667"  # (1 + 3) / (4 + 2)

@@ -50,6 +50,12 @@ class PublishSettings(BaseModel):
         "more than this margin: for accuracy, its 95% upper bound + margin must reach the best baseline's "
         "point estimate (lemon_core.gate)",
     )
+    refuse_dominated: bool = Field(
+        True,
+        description="refuse to publish when a baseline of the same run is cheaper per example (the orchestrator's own "
+        "call counted) and at least as accurate as the run can tell (the candidate's 95% lower bound does not clear "
+        "it): such an orchestrator costs more for nothing; the refusal names the baseline",
+    )
 
 
 class KubernetesSettings(BaseModel):
