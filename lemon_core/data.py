@@ -284,7 +284,8 @@ def pull_dataset(name: str, base_url: str | None = None, progress: bool = True, 
     """Install benchmark ``name`` in the cache, or verify the installed copy; see the module docstring."""
     entry = source(name)
     final = datasets_dir() / name
-    if (final / MARKER).is_file() and not verify_installed(name, final):
+    damaged = (final / MARKER).is_file()
+    if damaged and not verify_installed(name, final):
         return PullResult(name=name, state="verified", folder=final)
     base = resolve_base_url(base_url)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +315,7 @@ def pull_dataset(name: str, base_url: str | None = None, progress: bool = True, 
                 "unpacked_files": unpacked,
             }
             (staged / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
-            if final.exists():  # an incomplete or damaged install: unmark it so the rename below replaces it
+            if damaged:  # marked complete but no longer verifies: unmark it so the rename below replaces it
                 (final / MARKER).unlink(missing_ok=True)
             _install_atomically(staged, final, marker=MARKER)
     except BaseException:
