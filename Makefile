@@ -26,6 +26,7 @@ setup-dev: $(BIN)/python
 
 run: setup
 	$(BIN)/lemon models pull
+	$(BIN)/lemon data pull --config configs/local-cpu.yaml
 	$(BIN)/lemon pipeline run --local --config configs/local-cpu.yaml
 
 test: setup-dev

@@ -48,7 +48,8 @@ def eval_command(
     split: Annotated[str | None, typer.Option(help="Split (default: the paper's protocol split).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Evaluate only the first N examples.")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw benchmark files "
-                                                  "(default: $LEMON_DATA_DIR or ../shared/datasets).")] = None,
+                                                  "(default: $LEMON_DATA_DIR, a shared/datasets folder, "
+                                                  "then `lemon data pull`'s cache).")] = None,
     out: Annotated[Path, typer.Option(
         help="Output folder; results go to OUT/<benchmark>-<method>/.")] = Path("results"),
     batch_size: Annotated[int, typer.Option(min=1, help="Examples executed together (batched per DAG level).")] = 8,
@@ -170,6 +171,7 @@ def models_list(
 
 def _register_stage_commands() -> None:
     """Training, pipeline and serving commands live beside their modules; they are added here."""
+    from lemon_core.cli_data import data_app
     from lemon_core.cli_pipeline import pipeline_app, register
     from lemon_core.cli_serve import serve_command
     from lemon_core.cli_spec import spec_app
@@ -179,6 +181,7 @@ def _register_stage_commands() -> None:
     app.command("serve")(serve_command)
     app.add_typer(pipeline_app, name="pipeline")
     app.add_typer(spec_app, name="spec")
+    app.add_typer(data_app, name="data")
     register(app)
 
 

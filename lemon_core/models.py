@@ -121,12 +121,17 @@ def list_models() -> list[EmbeddedModel]:
     return list(REGISTRY.values())
 
 
+def cache_root() -> Path:
+    """$LEMON_CACHE_DIR, else ~/.cache/lemon: one root for pulled models and pulled benchmark data, so one
+    variable (or one Kubernetes volume) moves both."""
+    return Path(os.environ.get("LEMON_CACHE_DIR") or str(Path.home() / ".cache" / "lemon")).expanduser()
+
+
 def models_dir(cache_dir: str | Path | None = None) -> Path:
     """Where pulled models live: ``cache_dir``, else $LEMON_CACHE_DIR/models (~/.cache/lemon/models)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    root = os.environ.get("LEMON_CACHE_DIR") or str(Path.home() / ".cache" / "lemon")
-    return Path(root).expanduser() / "models"
+    return cache_root() / "models"
 
 
 def model_path(alias: str, cache_dir: str | Path | None = None) -> Path:
@@ -288,14 +293,15 @@ def pull_model(
     return final
 
 
-def _install_atomically(staged: Path, final: Path) -> None:
-    """Rename ``staged`` to ``final``. A stale incomplete ``final`` is replaced; a complete one wins."""
+def _install_atomically(staged: Path, final: Path, marker: str = MARKER) -> None:
+    """Rename ``staged`` to ``final``. A stale incomplete ``final`` (no ``marker`` file) is replaced; a
+    complete one wins. Also used for pulled benchmark data (lemon_core/data.py) with its own marker."""
     if final.exists():
-        if (final / MARKER).is_file():
+        if (final / marker).is_file():
             return  # a concurrent pull finished first; ours is discarded with the temp dir
         shutil.rmtree(final)
     try:
         os.rename(staged, final)
     except OSError:
-        if not (final / MARKER).is_file():
+        if not (final / marker).is_file():
             raise

@@ -4,11 +4,20 @@ Loading protocol (all benchmarks): examples come in file order (the order the au
 ``limit=N`` keeps the first N. ``seed=0`` (the default) keeps file order; any other seed shuffles the
 split with ``random.Random(seed)`` before the limit, for a reproducible random subset.
 
-Data location, in order: the ``data_dir`` argument (``--data-dir`` on the CLI), ``$LEMON_DATA_DIR``,
-else a ``shared/datasets`` folder found by walking up from the working directory and from this
-package (the repository's ``../shared/datasets``). ``data_dir`` may be the datasets root or the
-benchmark's own folder. ``data_dir="hf"`` or a split written ``"hf:<dataset>[:<config>][@<split>]"``
-loads from the Hugging Face hub instead (needs the optional ``datasets`` package).
+Data location, in order (``benchmark_folder``, the one place that decides it):
+
+1. the ``data_dir`` argument (``--data-dir`` on the CLI, ``data_dir:`` in a config): only there, because
+   a folder someone names on purpose must not be silently replaced by another copy;
+2. ``$LEMON_DATA_DIR``;
+3. a ``shared/datasets`` folder above the working directory or this package (the repository's
+   ``../shared/datasets`` on machines and CI runners that keep one beside the checkout);
+4. the cache that ``lemon data pull`` installs into (``$LEMON_CACHE_DIR/datasets``, default
+   ``~/.cache/lemon/datasets``), so a fresh clone works after one pull.
+
+Places 2-4 are tried in turn for each benchmark; the first that holds its folder wins. ``data_dir`` and
+``$LEMON_DATA_DIR`` may be the datasets root or the benchmark's own folder. ``data_dir="hf"`` or a split
+written ``"hf:<dataset>[:<config>][@<split>]"`` loads from the Hugging Face hub instead (needs the
+optional ``datasets`` package; those copies are not the sha256-pinned files).
 """
 
 from __future__ import annotations
@@ -46,8 +55,105 @@ class DataNotFoundError(LemonError, FileNotFoundError):
     pass
 
 
+PULL_HINT = "run `lemon data pull {name}` (or pass --data-dir / set $LEMON_DATA_DIR to a folder holding {name}/)"
+
+
+def shared_search_starts() -> tuple[Path, Path]:
+    """Where the search for a ``shared/datasets`` folder starts: the working directory and this package."""
+    return Path.cwd().resolve(), Path(__file__).resolve().parent
+
+
+def find_shared_datasets() -> Path | None:
+    """The first ``shared/datasets`` folder above the working directory or this package, else None.
+
+    A module-level function so that tests can hide the folder (``monkeypatch.setattr``) and check what a
+    fresh clone without one sees."""
+    for start in shared_search_starts():
+        for folder in (start, *start.parents):
+            candidate = folder / "shared" / "datasets"
+            if candidate.is_dir():
+                return candidate
+    return None
+
+
+def pulled_datasets_dir() -> Path:
+    """Where ``lemon data pull`` installs benchmarks: ``$LEMON_CACHE_DIR/datasets`` (~/.cache/lemon/datasets)."""
+    from lemon_core.models import cache_root
+
+    return cache_root() / "datasets"
+
+
+class DataPlace(BaseModel):
+    """One place the loader looks for a benchmark: ``label`` names the setting, ``looked_at`` the path it
+    checked (or why there was none), ``folder`` the benchmark's folder there when it has one."""
+
+    label: str
+    looked_at: str
+    folder: Path | None = None
+
+    def describe(self) -> str:
+        return f"{self.label} {self.looked_at}" + ("" if self.folder else " (not there)")
+
+
+def _explicit_folder(name: str, root: Path, how: str) -> Path | None:
+    """``root/name`` or ``root`` itself when it is the benchmark's folder; ``how`` names the setting in errors."""
+    if not root.is_dir():
+        raise DataNotFoundError(f"{how}={str(root)!r} is not a folder; fix it (a folder holding {name}/ or the "
+                                f"{name} folder itself) or leave it out")
+    if (root / name).is_dir():
+        return root / name
+    return root if root.name == name else None
+
+
+def data_places(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[DataPlace]:
+    """Every place the loader considers for benchmark ``name``, in order (module docstring), each with its
+    folder if it holds the benchmark. An explicit ``data_dir`` is the only place."""
+    from lemon_core.data import MARKER  # the cache's "complete install" mark; data.py imports nothing of ours
+
+    if data_dir is not None:
+        root = Path(data_dir).expanduser()
+        folder = _explicit_folder(name, root, "--data-dir (data_dir)")
+        return [DataPlace(label="--data-dir", looked_at=str(root / name), folder=folder)]
+    places = []
+    env = os.environ.get(DATA_ENV)
+    if env:
+        root = Path(env).expanduser()
+        folder = _explicit_folder(name, root, f"${DATA_ENV}")
+        places.append(DataPlace(label=f"${DATA_ENV}", looked_at=str(root / name), folder=folder))
+    else:
+        places.append(DataPlace(label=f"${DATA_ENV}", looked_at="(not set)"))
+    shared = find_shared_datasets()
+    if shared is None:
+        above = " or ".join(str(p) for p in shared_search_starts())
+        places.append(DataPlace(label="shared folder", looked_at=f"(no shared/datasets above {above})"))
+    else:
+        found = (shared / name).is_dir()
+        places.append(DataPlace(label="shared folder", looked_at=str(shared / name),
+                                folder=shared / name if found else None))
+    cached = pulled_datasets_dir() / name
+    pulled = (cached / MARKER).is_file()
+    places.append(DataPlace(label="pull cache", looked_at=str(cached), folder=cached if pulled else None))
+    return places
+
+
+def benchmark_folder(name: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder the loader reads benchmark ``name`` from; the error lists every place it looked."""
+    places = data_places(name, data_dir)
+    for place in places:
+        if place.folder is not None:
+            return place.folder
+    if data_dir is not None:
+        raise DataNotFoundError(f"no {name}/ folder in --data-dir (data_dir) {str(data_dir)!r}; point it at the "
+                                f"folder holding {name}/, or leave it out and {PULL_HINT.format(name=name)}")
+    looked = "; ".join(p.describe() for p in places)
+    raise DataNotFoundError(f"benchmark data for {name!r} not found; looked in: {looked}. "
+                            f"To fix: {PULL_HINT.format(name=name)}; data_dir='hf' loads the Hugging Face copies")
+
+
 def find_data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The folder holding the benchmark folders (see module docstring for the search order)."""
+    """The folder holding the benchmark folders: ``data_dir``, else ``$LEMON_DATA_DIR``, else the shared
+    folder, else the pull cache once every benchmark is pulled. For tools and tests that want the whole tree;
+    loading a benchmark goes through ``benchmark_folder``, which also falls through per benchmark."""
     if data_dir is not None:
         root = Path(data_dir).expanduser()
         if not root.is_dir():
@@ -59,16 +165,18 @@ def find_data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
         if not root.is_dir():
             raise DataNotFoundError(f"${DATA_ENV}={str(root)!r} is not a folder; fix it or unset it")
         return root
-    starts = [Path.cwd().resolve(), Path(__file__).resolve().parent]
-    for start in starts:
-        for folder in (start, *start.parents):
-            candidate = folder / "shared" / "datasets"
-            if candidate.is_dir():
-                return candidate
+    shared = find_shared_datasets()
+    if shared is not None:
+        return shared
+    from lemon_core.data import NAMES, is_pulled
+
+    if all(is_pulled(name) for name in NAMES):  # a partial cache is no "folder holding the benchmarks"
+        return pulled_datasets_dir()
     raise DataNotFoundError(
-        "benchmark data not found: no shared/datasets folder above "
-        f"{starts[0]} or {starts[1]}; pass --data-dir (data_dir=...) or set ${DATA_ENV} to the folder "
-        "holding gsm8k/, mmlu/, ... or use data_dir='hf' to load from the Hugging Face hub"
+        f"benchmark data not found: ${DATA_ENV} is not set, no shared/datasets folder above {Path.cwd()} and "
+        f"not every benchmark pulled into {pulled_datasets_dir()}; run `lemon data pull`, pass --data-dir "
+        f"(data_dir=...) or set ${DATA_ENV} to the folder holding gsm8k/, mmlu/, ... (data_dir='hf' loads from "
+        "the hub)"
     )
 
 
@@ -88,8 +196,8 @@ def load_hf_rows(dataset: str, config: str | None, split: str) -> list[dict[str,
     except ImportError as exc:
         raise ImportError(
             f"loading {dataset!r} from the Hugging Face hub needs the 'datasets' package "
-            "(pip install datasets); or use the raw files with --data-dir / "
-            f"${DATA_ENV} (see shared/datasets/README.md)"
+            "(pip install datasets); or use the sha256-pinned raw files: `lemon data pull`, or --data-dir / "
+            f"${DATA_ENV} pointing at a copy"
         ) from exc
     return [dict(row) for row in datasets.load_dataset(dataset, config, split=split)]
 
@@ -129,13 +237,7 @@ class Benchmark:
 
     def folder(self, data_dir: str | os.PathLike[str] | None = None) -> Path:
         """This benchmark's raw-data folder (``data_dir`` may be the root or the folder itself)."""
-        root = find_data_root(data_dir)
-        if (root / self.name).is_dir():
-            return root / self.name
-        if root.name == self.name:
-            return root
-        raise DataNotFoundError(f"no {self.name}/ folder in {str(root)!r}; pass --data-dir / ${DATA_ENV} "
-                                "pointing at the datasets folder (see shared/datasets/README.md)")
+        return benchmark_folder(self.name, data_dir)
 
     def _load_hf(self, split: str) -> list[Example]:
         our_split = self.default_split if split.startswith("hf:") or split == "hf" else split
