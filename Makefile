@@ -1,9 +1,9 @@
 # The two commands of the README:
-#   make run   - set up a virtualenv, pull the small CPU models, run the main job locally
+#   make run   - set up a virtualenv, pull the small CPU models and the benchmark data, run the main job locally
 #   make test  - set up a virtualenv with the dev tools and run the linters and the test suite
 # Both are idempotent; everything lives in .venv (torch 2.13.0 CPU build).
-# torch uses every core (bench/engines.py, idle 2 cores: 2 threads decode 1.45x faster than 1 at batch 32);
-# on a machine busy with other work, run `OMP_NUM_THREADS=1 make run`.
+# torch uses one thread per core (faster on an idle machine); on a machine busy with other work, run
+# `OMP_NUM_THREADS=1 make run`.
 
 PY ?= python3
 VENV ?= .venv

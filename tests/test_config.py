@@ -98,3 +98,14 @@ def test_a_training_cap_tighter_than_the_evaluated_one_is_warned_about() -> None
         PipelineConfig.model_validate(base)
         for name in ("local-cpu", "local-tiny", "cluster-gpu"):
             load_config(name)
+
+
+def test_the_progress_display_variable_reads_as_on_or_off(monkeypatch) -> None:  # noqa: ANN001
+    """LEMON_PROGRESS names the display mode (progress.py) and is also TrainConfig.progress's environment name."""
+    for mode, on in (("lines", True), ("bar", True), ("off", False)):
+        monkeypatch.setenv("LEMON_PROGRESS", mode)
+        assert TrainConfig().progress is on
+        assert load_settings(PipelineConfig, {"prepare": {"benchmarks": ["multiarith"]}}).train.progress is on
+    monkeypatch.setenv("LEMON_PROGRESS", "sideways")
+    with pytest.raises(ValueError, match="progress"):  # pydantic's ValidationError is a ValueError
+        TrainConfig()

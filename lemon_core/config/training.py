@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from lemon_core.config.grpo import GRPOConfig
@@ -31,8 +31,8 @@ class DataConfig(BaseModel):
     split: str | None = Field(None, description="split to train on (default: each benchmark's default)")
     limit: int | None = Field(64, ge=1, description="tasks per benchmark")
     data_dir: str | None = Field(
-        None, description="raw datasets folder, or 'hf' for the Hugging Face hub (default: $LEMON_DATA_DIR, "
-        "then a shared/datasets folder beside the repo, then what `lemon data pull` installed)"
+        None, description="raw datasets folder, or 'hf' for the Hugging Face hub; when set, the only place read "
+        "(default: $LEMON_DATA_DIR, a shared/datasets folder, then the `lemon data pull` cache)",
     )
     tasks_jsonl: str | None = Field(None, description="instead of benchmarks: JSONL of Example rows")
     eval_tasks: int = Field(4, ge=0, description="tasks held out for periodic evaluation")
@@ -138,6 +138,15 @@ class TrainConfig(BaseSettings):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun strategy")
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _progress_mode_means_on(cls, value: Any) -> Any:
+        """``LEMON_PROGRESS`` also names the progress display (``bar``, ``lines``, ``off``: lemon_core/progress.py),
+        and the environment reaches this field under the same name: a display mode is read as on or off."""
+        if isinstance(value, str) and value.strip().lower() in ("bar", "lines", "off"):
+            return value.strip().lower() != "off"
+        return value
 
     @model_validator(mode="after")
     def _sampler_settings_agree(self) -> TrainConfig:
