@@ -72,8 +72,8 @@ def list_command(
         help="Show what the loader reads with this --data-dir (the only place it then looks).")] = None,
 ) -> None:
     """For each benchmark: where the loader reads it from (in its search order) and whether it is pulled."""
-    from lemon_core.benchmarks.base import data_places
-    from lemon_core.data import NAMES, datasets_dir, is_pulled
+    from lemon_core.benchmarks.base import data_places, is_pulled
+    from lemon_core.data import NAMES, datasets_dir
     from lemon_core.errors import LemonError
 
     typer.echo(f"{'benchmark':11s} {'pulled':7s} loads from")

@@ -33,13 +33,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from lemon_core.benchmarks.base import PULL_MARKER as MARKER
+from lemon_core.benchmarks.base import data_places, pulled_datasets_dir
 from lemon_core.errors import LemonError
 from lemon_core.models import _install_atomically
 from lemon_core.progress import Progress
 
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com"
 BASE_URL_ENV = "LEMON_DATA_BASE_URL"
-MARKER = "lemon_data.json"  # written last into a pulled benchmark folder; its presence means "complete"
 _CHUNK = 1 << 16
 
 
@@ -164,18 +165,12 @@ def source(name: str) -> DatasetSource:
 
 def datasets_dir() -> Path:
     """The pull cache: ``$LEMON_CACHE_DIR/datasets`` (default ``~/.cache/lemon/datasets``)."""
-    from lemon_core.benchmarks.base import pulled_datasets_dir
-
     return pulled_datasets_dir()
 
 
 def resolve_base_url(base_url: str | None = None) -> str:
     """``base_url``, else ``$LEMON_DATA_BASE_URL``, else raw.githubusercontent.com (no trailing slash)."""
     return (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
-
-
-def is_pulled(name: str) -> bool:
-    return (datasets_dir() / name / MARKER).is_file()
 
 
 def sha256_of(path: Path) -> str:
@@ -338,8 +333,6 @@ def pull(names: Iterable[str], data_dir: str | os.PathLike[str] | None = None, b
 
     With ``data_dir`` the loader reads only there, so a benchmark missing from it is an error, not a pull
     into a cache that would never be read."""
-    from lemon_core.benchmarks.base import data_places
-
     results = []
     for name in names:
         source(name)

@@ -76,11 +76,19 @@ def find_shared_datasets() -> Path | None:
     return None
 
 
+PULL_MARKER = "lemon_data.json"  # written last into a pulled benchmark folder: its presence means "complete"
+
+
 def pulled_datasets_dir() -> Path:
     """Where ``lemon data pull`` installs benchmarks: ``$LEMON_CACHE_DIR/datasets`` (~/.cache/lemon/datasets)."""
     from lemon_core.models import cache_root
 
     return cache_root() / "datasets"
+
+
+def is_pulled(name: str) -> bool:
+    """Whether ``lemon data pull`` completed benchmark ``name`` in the cache (its folder carries the marker)."""
+    return (pulled_datasets_dir() / name / PULL_MARKER).is_file()
 
 
 class DataPlace(BaseModel):
@@ -108,8 +116,6 @@ def _explicit_folder(name: str, root: Path, how: str) -> Path | None:
 def data_places(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[DataPlace]:
     """Every place the loader considers for benchmark ``name``, in order (module docstring), each with its
     folder if it holds the benchmark. An explicit ``data_dir`` is the only place."""
-    from lemon_core.data import MARKER  # the cache's "complete install" mark; data.py imports nothing of ours
-
     if data_dir is not None:
         root = Path(data_dir).expanduser()
         folder = _explicit_folder(name, root, "--data-dir (data_dir)")
@@ -131,7 +137,7 @@ def data_places(name: str, data_dir: str | os.PathLike[str] | None = None) -> li
         places.append(DataPlace(label="shared folder", looked_at=str(shared / name),
                                 folder=shared / name if found else None))
     cached = pulled_datasets_dir() / name
-    pulled = (cached / MARKER).is_file()
+    pulled = is_pulled(name)
     places.append(DataPlace(label="pull cache", looked_at=str(cached), folder=cached if pulled else None))
     return places
 
@@ -148,36 +154,6 @@ def benchmark_folder(name: str, data_dir: str | os.PathLike[str] | None = None) 
     looked = "; ".join(p.describe() for p in places)
     raise DataNotFoundError(f"benchmark data for {name!r} not found; looked in: {looked}. "
                             f"To fix: {PULL_HINT.format(name=name)}; data_dir='hf' loads the Hugging Face copies")
-
-
-def find_data_root(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The folder holding the benchmark folders: ``data_dir``, else ``$LEMON_DATA_DIR``, else the shared
-    folder, else the pull cache once every benchmark is pulled. For tools and tests that want the whole tree;
-    loading a benchmark goes through ``benchmark_folder``, which also falls through per benchmark."""
-    if data_dir is not None:
-        root = Path(data_dir).expanduser()
-        if not root.is_dir():
-            raise DataNotFoundError(f"data_dir {str(root)!r} is not a folder; pass --data-dir / {DATA_ENV} "
-                                    "pointing at the benchmark datasets folder")
-        return root
-    if os.environ.get(DATA_ENV):
-        root = Path(os.environ[DATA_ENV]).expanduser()
-        if not root.is_dir():
-            raise DataNotFoundError(f"${DATA_ENV}={str(root)!r} is not a folder; fix it or unset it")
-        return root
-    shared = find_shared_datasets()
-    if shared is not None:
-        return shared
-    from lemon_core.data import NAMES, is_pulled
-
-    if all(is_pulled(name) for name in NAMES):  # a partial cache is no "folder holding the benchmarks"
-        return pulled_datasets_dir()
-    raise DataNotFoundError(
-        f"benchmark data not found: ${DATA_ENV} is not set, no shared/datasets folder above {Path.cwd()} and "
-        f"not every benchmark pulled into {pulled_datasets_dir()}; run `lemon data pull`, pass --data-dir "
-        f"(data_dir=...) or set ${DATA_ENV} to the folder holding gsm8k/, mmlu/, ... (data_dir='hf' loads from "
-        "the hub)"
-    )
 
 
 def parse_hf_split(split: str, default_dataset: str, default_config: str | None,
