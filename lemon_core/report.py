@@ -355,15 +355,10 @@ def pick_examples(records: Sequence[Mapping[str, Any]], k: int = 3) -> list[Mapp
 
 
 def _spec_picture_html(spec: Mapping[str, Any], levels: Sequence[str] | None, label: str) -> str:
-    """The spec as an inline base64 SVG image; the text tree when Graphviz is not installed."""
-    from lemon_core.spec_picture import SpecPictureError, spec_svg, spec_text
+    """The spec as an inline base64 SVG image."""
+    from lemon_core.spec_picture import spec_svg
 
-    try:
-        svg = spec_svg(spec, levels)
-    except SpecPictureError as exc:
-        return (f"<p class='note'>{html.escape(str(exc))}</p>"
-                f"<pre class='spec-text'>{html.escape(spec_text(spec))}</pre>")
-    data = base64.b64encode(svg.encode()).decode("ascii")
+    data = base64.b64encode(spec_svg(spec, levels).encode()).decode("ascii")
     return f"<img class='spec' alt='{html.escape(label)}' src='data:image/svg+xml;base64,{data}'>"
 
 

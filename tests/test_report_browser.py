@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from test_report import LEVELS, demo_run
-from test_spec_picture import need_dot
 
 from lemon_core.plots import plot_reward_curve
 from lemon_core.report import write_report
@@ -66,7 +65,6 @@ def chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProc
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     """A report of the demo run with a reward curve, as the pipeline's report stage writes it."""
-    need_dot()
     rows, traces = demo_run()
     curve = plot_reward_curve(
         [{"step": s, "reward/mean": 0.1 * s, "reward/ci_low": 0.05 * s, "reward/ci_high": 0.15 * s,
