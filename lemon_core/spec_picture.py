@@ -152,7 +152,8 @@ def spec_svg(spec: OrchestrationSpec | Mapping[str, Any], levels: Sequence[str] 
     spec, spec_layout, colours = _picture(spec, levels)
     width, height = _n(spec_layout.width), _n(spec_layout.height)
     return "\n".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        # sized in points, the layout's unit: 11-point labels read like the page's own text
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}pt" height="{height}pt" viewBox="0 0 {width} {height}" '
         f'font-family="{FONT_FAMILY}" font-size="{_n(FONT_SIZE)}" text-anchor="middle">',
         '<rect width="100%" height="100%" fill="white"/>',
         *_svg_edges(spec_layout),
