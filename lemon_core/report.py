@@ -30,13 +30,13 @@ import html
 import io
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from lemon_core.baselines import ORCHESTRATOR
+from lemon_core.baselines import ORCHESTRATOR, team_structure
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
 from lemon_core.evaluate import total_cost
 from lemon_core.stats import wilson_interval
@@ -264,15 +264,23 @@ def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dic
 
 
 def same_spec_as_baseline(records: Sequence[Mapping[str, Any]], traces: Traces, bench: str) -> str:
-    """On how many examples the orchestrator executed exactly a baseline's spec (the baseline with the most):
-    an orchestrator that scores what a baseline scores has often just learned to write that baseline, and the
-    report should say so rather than let the tie read as a team that happens to match it."""
+    """On how many examples the orchestrator executed a baseline's team (the baseline with the most): an
+    orchestrator that scores what a baseline scores has often just learned to write that baseline, and the
+    report should say so rather than let the tie read as a team that happens to match it. Teams are compared
+    by structure (``baselines.team_structure``): a spec that is CoT's with the solver given another role name
+    or id is CoT's."""
+    from lemon_core.spec import OrchestrationSpec
+
+    def structure(spec: Mapping[str, Any] | None) -> Hashable | None:
+        return team_structure(OrchestrationSpec.model_validate(dict(spec))) if spec else None
+
+    own = [(r["id"], structure(r.get("spec"))) for r in records]
     best, most = "", 0
     for (other_bench, method), base in sorted(traces.items()):
         if other_bench != bench or is_orchestrator(method):
             continue
-        spec_of = {r["id"]: r.get("spec") for r in base}
-        same = sum(1 for r in records if r.get("spec") and spec_of.get(r["id"]) == r["spec"])
+        theirs = {r["id"]: structure(r.get("spec")) for r in base}
+        same = sum(1 for i, team in own if team is not None and theirs.get(i) == team)
         if same > most:
             best, most = method, same
     return f"{best} {most}/{len(records)}" if most else "none"

@@ -206,6 +206,22 @@ def test_the_choice_table_says_how_often_the_orchestrator_wrote_a_baselines_very
     assert {r["method"]: r for r in choice_rows(traces, LEVELS)}["lemon"]["same spec as a baseline"] == "none"
 
 
+def test_a_baselines_spec_with_other_role_names_and_ids_is_named_as_that_baseline() -> None:
+    """The 2026-12 report said 'same spec as a baseline: none' for CoT@large with the solver called something
+    else; free text and id names do not make another team, the structure does."""
+    from lemon_core.report import choice_rows
+
+    renamed = OrchestrationSpec(agents=[AgentSpec(id="answer", role="Careful arithmetic solver", base_role="solver",
+                                                  duty="Work it out and say the number.", capacity="large")],
+                                output="answer")
+    traces = {("gsm8k", "lemon"): [trace_record(i, renamed, 1.0) for i in range(3)] + [trace_record(3, None, 0.0)],
+              ("gsm8k", "cot"): [trace_record(i, cot("large"), 1.0) for i in range(4)],
+              ("gsm8k", "chain"): [trace_record(i, chain("large"), 1.0) for i in range(4)]}
+    assert choice_rows(traces, LEVELS)[0]["same spec as a baseline"] == "cot 3/4"
+    traces["gsm8k", "cot"] = [trace_record(i, cot("small"), 1.0) for i in range(4)]
+    assert choice_rows(traces, LEVELS)[0]["same spec as a baseline"] == "none", "the capacity still counts"
+
+
 def test_pick_examples_shows_a_correct_a_wrong_and_an_invalid_one() -> None:
     _, traces = demo_run()
     picked = pick_examples(traces["gsm8k", "lemon"], 3)
