@@ -131,17 +131,20 @@ def _by_benchmark(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return groups
 
 
-def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
-    """PNG bytes: one panel per benchmark, accuracy (with its 95% interval as an error bar) vs mean cost
-    per example (``total_cost``: an orchestrator pays its own call too), the front drawn as a dashed line;
-    orchestrators are stars, baselines dots."""
+def pareto_figure(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> Any:
+    """The Pareto plot as a matplotlib figure: one panel per benchmark, accuracy (with its 95% interval as an
+    error bar) vs mean cost per example (``total_cost``: an orchestrator pays its own call too), the front
+    drawn as a dashed line; orchestrators are stars, baselines dots. Costs are ticked as plain numbers in
+    the unit the axis label names (``plots.cost_axis``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lemon_core.plots import cost_axis
+
     groups = _by_benchmark(as_rows(summaries))
-    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.8), squeeze=False)
     for ax, (bench, rows) in zip(axes[0], sorted(groups.items()), strict=False):
         points = [(total_cost(r), float(r["accuracy"])) for r in rows]
         for (cost, acc), row in zip(points, rows, strict=True):
@@ -157,13 +160,20 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
             [points[i][0] for i in front], [points[i][1] for i in front], "k--", lw=1, label="Pareto front"
         )
         ax.set_title(bench)
-        ax.set_xlabel("mean cost per example (USD, orchestrator's call included)")
+        cost_axis(ax.xaxis, [c for c, _ in points], "mean cost\n(orchestrator's own call included)")
         ax.set_ylabel("accuracy (bars: 95% interval)")
         ax.set_ylim(-0.05, 1.05)
         ax.margins(x=0.2)  # room for the method labels written to the right of each point
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    return fig
+
+
+def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
+    """PNG bytes of ``pareto_figure``."""
+    import matplotlib.pyplot as plt
+
+    fig = pareto_figure(summaries)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)

@@ -262,6 +262,38 @@ def test_pareto_plot_draws_the_intervals(monkeypatch: pytest.MonkeyPatch) -> Non
     assert by_cost[1e-5][1] == [[pytest.approx(0.5 - lo)], [pytest.approx(hi - 0.5)]]
 
 
+def test_the_pareto_cost_axis_names_its_unit_and_prints_no_exponent_into_its_label() -> None:
+    """Costs per example are ~1e-5 USD; a scientific axis printed its exponent at the axis end, on top of the
+    axis label. The axis is ticked in plain numbers of a unit the label names, and the label stands clear."""
+    import matplotlib.pyplot as plt
+
+    from lemon_core.report import pareto_figure
+
+    rows, _ = demo_run()
+    fig = pareto_figure([*rows, {**ROWS[3], "n": 4}])  # two panels
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        assert ax.xaxis.get_offset_text().get_text() == "", "no exponent beside the axis"
+        assert ax.get_xlabel().startswith("mean cost, USD per million examples")
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
+        assert ticks and all(re.fullmatch(r"-?[0-9.]+", t.get_text().replace("\u2212", "-")) for t in ticks)
+        label = ax.xaxis.label.get_window_extent(renderer)
+        assert not any(label.overlaps(t.get_window_extent(renderer)) for t in ticks)
+        assert fig.bbox.x0 <= label.x0 and label.x1 <= fig.bbox.x1, "the label is not cut off at the figure edge"
+    plt.close(fig)
+
+
+def test_cost_units_write_the_largest_cost_as_a_plain_number() -> None:
+    from lemon_core.plots import cost_unit
+
+    assert cost_unit([3e-6, 4e-5]) == (1e6, "USD per million examples")
+    assert cost_unit([0.02], per="execution") == (1e3, "USD per 1,000 executions")
+    assert cost_unit([0.0, 1.5]) == (1.0, "USD per example")
+    assert cost_unit([]) == cost_unit([0.0]) == (1.0, "USD per example"), "nothing spent: plain USD"
+
+
 def test_full_report_answers_the_question(tmp_path: Path) -> None:
     rows, traces = demo_run()
     paths = write_report(rows, tmp_path, title="run 8", traces=traces, levels=LEVELS, gallery_size=3)
