@@ -77,7 +77,8 @@ from lemon_core.checkpoint import save_model_dir  # noqa: E402
 from lemon_core.config import TrainConfig  # noqa: E402
 from lemon_core.evaluate import evaluate, evaluate_orchestrator, price_level  # noqa: E402
 from lemon_core.executor import ExecutionCache  # noqa: E402
-from lemon_core.report import choice_stats, plot_pareto, same_spec_as_baseline  # noqa: E402
+from lemon_core.report import choice_stats, plot_pareto  # noqa: E402
+from lemon_core.report_choices import same_spec_as_baseline  # noqa: E402
 from lemon_core.train import (  # noqa: E402
     build_state,
     close_state,

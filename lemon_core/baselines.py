@@ -11,10 +11,11 @@ solvers; it runs at the cheapest level because reading N short answers needs lit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from lemon_core.config.names import ORCHESTRATOR, SFT_ORCHESTRATOR, SMALL_TOPOLOGIES  # noqa: F401 - baselines.X API
-from lemon_core.spec import AgentSpec, OrchestrationSpec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, renumber_agents
 
 SOLVE = "Solve the task step by step, then state the final answer."
 VERIFY = "Check the previous solution step by step; fix any mistake and state the final answer."
@@ -115,3 +116,33 @@ def baseline_spec(method: str, capacity: str, cheapest: str | None = None) -> Or
     if method == "sc":
         return self_consistency(capacity, vote_capacity=cheapest or capacity)
     return BASELINES[method](capacity)
+
+
+def team_structure(spec: OrchestrationSpec) -> Hashable:
+    """What makes two specs the same team, as one comparable value: per agent its base role, capacity and
+    whom it reads, and which agent answers. Free text (roles, duties) and id names are left out, and so is
+    the order agents are declared in, so a spec that is CoT@large's with the solver renamed, or a tree with
+    its branches listed the other way round, equals the baseline's.
+
+    The agents are put in a canonical order and then renumbered (``renumber_agents``): by dependency depth,
+    then by a colour that describes an agent's place in the graph. Colours start as (depth, base role,
+    capacity, is output) and are refined with the colours of each agent's parents and children until they
+    stop splitting (colour refinement), so agents with equal colours are, in every spec a baseline or an
+    orchestrator writes, interchangeable; ties keep declaration order. Equal values always mean the same
+    team, since the value is the renumbered graph itself."""
+    depth = {a.id: d for d, level in enumerate(spec.levels()) for a in level}
+    colour: dict[str, Any] = {a.id: (depth[a.id], a.base_role, a.capacity, a.id == spec.output) for a in spec.agents}
+    children = {a.id: spec.children(a.id) for a in spec.agents}
+    for _ in spec.agents:
+        signature = {a.id: (colour[a.id], tuple(sorted(colour[p] for p in a.depends_on)),
+                            tuple(sorted(colour[c] for c in children[a.id]))) for a in spec.agents}
+        rank = {sig: i for i, sig in enumerate(sorted(set(signature.values())))}
+        refined = {agent_id: rank[sig] for agent_id, sig in signature.items()}
+        settled = len(set(refined.values())) == len(set(colour.values()))
+        colour = refined
+        if settled:
+            break
+    position = {a.id: i for i, a in enumerate(spec.agents)}
+    ordered = sorted(spec.agents, key=lambda a: (colour[a.id], position[a.id]))
+    canonical = renumber_agents(OrchestrationSpec(agents=ordered, output=spec.output))
+    return (tuple((a.base_role, a.capacity, tuple(sorted(a.depends_on))) for a in canonical.agents), canonical.output)

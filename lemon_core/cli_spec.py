@@ -28,7 +28,7 @@ _fail = cli_exit  # one error line for every command (lemon_core/errors.py)
 def show_command(
     file: Annotated[Path, typer.Argument(help="Spec file (YAML or JSON, or raw orchestrator output containing one).")],
     out: Annotated[Path | None, typer.Option(
-        help="Write the picture here (.svg or .png; needs Graphviz's dot). Without it: a text tree.")] = None,
+        help="Write the picture here (.svg or .png). Without it: a text tree.")] = None,
     pool: Annotated[str | None, typer.Option(
         help="Pool YAML path or built-in name (cpu, gpu, simulated): checks the capacities and orders the "
              "colour scale by the pool's levels.")] = None,

@@ -23,11 +23,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from lemon_core.storage import atomic_path
 
 Series = tuple[list[int], list[float]]
+# (multiplier, how many) for cost axes: the first that writes the largest cost as 1 or more is used
+COST_UNITS = ((1.0, ""), (1e3, "1,000 "), (1e6, "million "), (1e9, "billion "))
 PANELS = ("reward", "reward terms", "rates", "cost", "capacity share", "delta", "edit counts", "optimisation")
 
 
@@ -87,6 +89,27 @@ def curve_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Series]]
         "optimisation": {k: _series(rows, k) for k in ("loss", "kl", "clip_ratio")},
     }
     return {name: {label: s for label, s in panel.items() if s[0]} for name, panel in panels.items()}
+
+
+def cost_unit(costs: Sequence[float], per: str = "example") -> tuple[float, str]:
+    """A multiplier and its unit (``"USD per million examples"``) that write the largest cost as a number
+    of 1 or more. Costs per example are tiny (1e-5 USD), and matplotlib would put them on a scientific axis
+    whose exponent ("1e-5") is printed at the axis end, where it collides with the axis label; plain numbers
+    in a unit the label names read without it."""
+    top = max((abs(c) for c in costs), default=0.0)
+    scale, count = COST_UNITS[0]
+    if top:
+        scale, count = next(((m, n) for m, n in COST_UNITS if top * m >= 1), COST_UNITS[-1])
+    return scale, f"USD per {count}{per}{'s' if count else ''}"
+
+
+def cost_axis(axis: Any, costs: Sequence[float], label: str, per: str = "example") -> None:
+    """Tick ``axis`` in the unit ``cost_unit`` picks and name that unit in its label (``label``, then the unit,
+    then any text after a newline in ``label``), so no exponent is drawn beside the axis."""
+    scale, unit = cost_unit(costs, per)
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value * scale:g}"))
+    first, _, rest = label.partition("\n")
+    axis.set_label_text(f"{first}, {unit}" + (f"\n{rest}" if rest else ""))
 
 
 def _not_recorded(ax: Any, title: str) -> None:
@@ -153,6 +176,8 @@ def plot_reward_curve(rows: Sequence[dict[str, Any]] | str | Path, out_png: str 
             ax.axhline(0, color="grey", lw=0.5)
         if name == "rates":
             ax.set_ylim(-0.05, 1.05)
+        if name == "cost":
+            cost_axis(ax.yaxis, [v for _, values in panel.values() for v in values], "cost", per="execution")
         ax.set(title=titles.get(name, name), xlabel="GRPO step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)

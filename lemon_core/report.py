@@ -12,8 +12,10 @@ error bars), ``report.html`` and ``report.md``. The HTML answers the question in
 
 The page is one self-contained file: plots are base64 PNGs, spec pictures base64 SVGs, styles inline,
 no script and no network. That is what the Kubeflow UI's HTML viewer needs (it shows the file in a
-sandboxed ``srcdoc`` iframe) and what survives being mailed around. The Markdown is the short version
-for the UI's Markdown viewer, a CI log or an issue comment.
+sandboxed ``srcdoc`` iframe) and what survives being mailed around. This module computes what the page
+says and puts it together; ``lemon_core.report_html`` renders the pieces (the style, tables that fit the
+page width, the gallery cards). The Markdown is the short version for the UI's Markdown viewer, a CI log
+or an issue comment.
 
 Rows are evaluation summaries (``lemon_core.evaluate.EvalSummary`` or ``summary.json`` contents).
 Fields added later (``valid_rate``, ``invalid``, ``accuracy_ci_low/high``, ``truncated_answers``,
@@ -29,7 +31,6 @@ import base64
 import html
 import io
 import json
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ from pydantic import BaseModel
 from lemon_core.baselines import ORCHESTRATOR
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
 from lemon_core.comparison import total_cost
+from lemon_core.report_choices import Traces, choice_rows, choice_stats, is_orchestrator
+from lemon_core.report_html import STYLE, example_html, fmt, table_html, table_section
 from lemon_core.stats import wilson_interval
 from lemon_core.teachers import sweep_candidates_text
 
@@ -70,14 +73,6 @@ HEADERS = {  # short column titles, so the table fits a Kubeflow UI panel
     "truncated_answers": "truncated",
     "looped_answers": "looped",  # stopped in a repetition loop (greedy): stuck, not cut off by the cap
 }
-Traces = Mapping[tuple[str, str], Sequence[Mapping[str, Any]]]
-
-
-def is_orchestrator(method: str) -> bool:
-    """The trained orchestrator ('lemon') and its variants ('lemon-sft', ...) write their own specs."""
-    return method == ORCHESTRATOR or method.startswith(ORCHESTRATOR + "-")
-
-
 def as_rows(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Summaries as dicts, checked for the fields the report reads, with later fields defaulted."""
     rows = [s.model_dump() if isinstance(s, BaseModel) else dict(s) for s in summaries]
@@ -131,17 +126,20 @@ def _by_benchmark(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return groups
 
 
-def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
-    """PNG bytes: one panel per benchmark, accuracy (with its 95% interval as an error bar) vs mean cost
-    per example (``total_cost``: an orchestrator pays its own call too), the front drawn as a dashed line;
-    orchestrators are stars, baselines dots."""
+def pareto_figure(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> Any:
+    """The Pareto plot as a matplotlib figure: one panel per benchmark, accuracy (with its 95% interval as an
+    error bar) vs mean cost per example (``total_cost``: an orchestrator pays its own call too), the front
+    drawn as a dashed line; orchestrators are stars, baselines dots. Costs are ticked as plain numbers in
+    the unit the axis label names (``plots.cost_axis``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lemon_core.plots import cost_axis
+
     groups = _by_benchmark(as_rows(summaries))
-    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.8), squeeze=False)
     for ax, (bench, rows) in zip(axes[0], sorted(groups.items()), strict=False):
         points = [(total_cost(r), float(r["accuracy"])) for r in rows]
         for (cost, acc), row in zip(points, rows, strict=True):
@@ -157,25 +155,24 @@ def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
             [points[i][0] for i in front], [points[i][1] for i in front], "k--", lw=1, label="Pareto front"
         )
         ax.set_title(bench)
-        ax.set_xlabel("mean cost per example (USD, orchestrator's call included)")
+        cost_axis(ax.xaxis, [c for c, _ in points], "mean cost\n(orchestrator's own call included)")
         ax.set_ylabel("accuracy (bars: 95% interval)")
         ax.set_ylim(-0.05, 1.05)
         ax.margins(x=0.2)  # room for the method labels written to the right of each point
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 3))
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    return fig
+
+
+def plot_pareto(summaries: Sequence[BaseModel | Mapping[str, Any]]) -> bytes:
+    """PNG bytes of ``pareto_figure``."""
+    import matplotlib.pyplot as plt
+
+    fig = pareto_figure(summaries)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, tuple) and len(value) == 2:
-        return f"[{_fmt(float(value[0]))}, {_fmt(float(value[1]))}]"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e-2 and value else f"{value:.3f}"
-    return "" if value is None else str(value)
 
 
 def _front_labels(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
@@ -200,82 +197,20 @@ def headlines(rows: list[dict[str, Any]]) -> list[str]:
         best = max(baselines, key=lambda r: (float(r["accuracy"]), -total_cost(r)), default=None)
         for row in sorted((r for r in group if is_orchestrator(str(r["method"]))), key=lambda r: str(r["method"])):
             text = (
-                f"{bench}: {row['method']} accuracy {_fmt(float(row['accuracy']))} "
-                f"{_fmt(row['accuracy 95% CI'])} (n={row.get('n', '?')}), valid specs "
-                f"{_fmt(float(row['valid_rate']))} {_fmt((row['valid_ci_low'], row['valid_ci_high']))}, "
-                f"cost ${_fmt(total_cost(row))}/example"
+                f"{bench}: {row['method']} accuracy {fmt(float(row['accuracy']))} "
+                f"{fmt(row['accuracy 95% CI'])} (n={row.get('n', '?')}), valid specs "
+                f"{fmt(float(row['valid_rate']))} {fmt((row['valid_ci_low'], row['valid_ci_high']))}, "
+                f"cost ${fmt(total_cost(row))}/example"
             )
             if row.get("orchestrator_cost_usd") is not None:
-                text += f" (its own call ${_fmt(float(row['orchestrator_cost_usd']))} of it)"
+                text += f" (its own call ${fmt(float(row['orchestrator_cost_usd']))} of it)"
             if best is not None:
                 text += (
-                    f"; best baseline {best['method']} {_fmt(float(best['accuracy']))} "
-                    f"{_fmt(best['accuracy 95% CI'])} at ${_fmt(float(best['mean_cost_usd']))}/example"
+                    f"; best baseline {best['method']} {fmt(float(best['accuracy']))} "
+                    f"{fmt(best['accuracy 95% CI'])} at ${fmt(float(best['mean_cost_usd']))}/example"
                 )
             lines.append(text)
     return lines
-
-
-# --- what the orchestrator chose ------------------------------------------------------------------------
-def choice_stats(records: Sequence[Mapping[str, Any]], levels: Sequence[str] | None = None) -> dict[str, Any]:
-    """Over the valid specs of one (benchmark, method): the share of agents at each capacity level, the
-    distribution of agent counts and of topologies, and how many outputs were invalid (no spec)."""
-    from lemon_core.spec_picture import topology
-
-    specs = [r["spec"] for r in records if r.get("spec")]
-    agents = [a for s in specs for a in s["agents"]]
-    capacity = Counter(a["capacity"] for a in agents)
-    order = list(levels or []) + sorted(c for c in capacity if c not in (levels or []))
-    return {
-        "examples": len(records),
-        "invalid": len(records) - len(specs),
-        "capacity_share": {lv: capacity[lv] / len(agents) for lv in order if agents},
-        "agent_counts": dict(sorted(Counter(len(s["agents"]) for s in specs).items())),
-        "mean_agents": sum(len(s["agents"]) for s in specs) / len(specs) if specs else None,
-        "topologies": dict(Counter(topology(s) for s in specs).most_common()),
-    }
-
-
-def _shares(counts: Mapping[Any, float], total: float | None = None) -> str:
-    total = total if total is not None else sum(counts.values())
-    if not total:
-        return "-"
-    return " \u00b7 ".join(f"{k}: {100 * v / total:.0f}%" for k, v in counts.items())
-
-
-def choice_rows(traces: Traces, levels: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The 'what the orchestrator chose' table: one row per (benchmark, orchestrator method)."""
-    out = []
-    for (bench, method), records in sorted(traces.items()):
-        if not is_orchestrator(method):
-            continue
-        st = choice_stats(records, levels)
-        out.append({
-            "benchmark": bench,
-            "method": method,
-            "valid specs": f"{st['examples'] - st['invalid']}/{st['examples']}",
-            "same spec as a baseline": same_spec_as_baseline(records, traces, bench),
-            "capacity levels (share of agents)": _shares(st["capacity_share"], 1.0),
-            "agents per spec": _shares(st["agent_counts"]),
-            "mean agents": st["mean_agents"],
-            "topologies": _shares(st["topologies"]),
-        })
-    return out
-
-
-def same_spec_as_baseline(records: Sequence[Mapping[str, Any]], traces: Traces, bench: str) -> str:
-    """On how many examples the orchestrator executed exactly a baseline's spec (the baseline with the most):
-    an orchestrator that scores what a baseline scores has often just learned to write that baseline, and the
-    report should say so rather than let the tie read as a team that happens to match it."""
-    best, most = "", 0
-    for (other_bench, method), base in sorted(traces.items()):
-        if other_bench != bench or is_orchestrator(method):
-            continue
-        spec_of = {r["id"]: r.get("spec") for r in base}
-        same = sum(1 for r in records if r.get("spec") and spec_of.get(r["id"]) == r["spec"])
-        if same > most:
-            best, most = method, same
-    return f"{best} {most}/{len(records)}" if most else "none"
 
 
 def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -302,8 +237,8 @@ def sft_rows(sft: Mapping[str, Any]) -> list[dict[str, Any]]:
               "value": f"{rate(sft.get('valid_rate_before'))} \u2192 {after} (n={sft.get('valid_samples', 0)})"},
              {"what": "pairs / steps / rounds", "value": f"{sft.get('pairs')} / {sft.get('steps')} / "
                                                          f"{sft.get('rounds', 1)}"},
-             {"what": "loss first \u2192 last", "value": f"{_fmt(sft.get('loss_first'))} \u2192 "
-                                                          f"{_fmt(sft.get('loss_last'))}"}]
+             {"what": "loss first \u2192 last", "value": f"{fmt(sft.get('loss_first'))} \u2192 "
+                                                          f"{fmt(sft.get('loss_last'))}"}]
     return rows
 
 
@@ -354,69 +289,6 @@ def pick_examples(records: Sequence[Mapping[str, Any]], k: int = 3) -> list[Mapp
     return [records[i] for i in sorted(chosen[:k])]
 
 
-def _spec_picture_html(spec: Mapping[str, Any], levels: Sequence[str] | None, label: str) -> str:
-    """The spec as an inline base64 SVG image; the text tree when Graphviz is not installed."""
-    from lemon_core.spec_picture import SpecPictureError, spec_svg, spec_text
-
-    try:
-        svg = spec_svg(spec, levels)
-    except SpecPictureError as exc:
-        return (f"<p class='note'>{html.escape(str(exc))}</p>"
-                f"<pre class='spec-text'>{html.escape(spec_text(spec))}</pre>")
-    data = base64.b64encode(svg.encode()).decode("ascii")
-    return f"<img class='spec' alt='{html.escape(label)}' src='data:image/svg+xml;base64,{data}'>"
-
-
-def _agent_html(agent: Mapping[str, Any], spec_agent: Mapping[str, Any] | None) -> str:
-    esc = html.escape
-    role = spec_agent["role"] if spec_agent else ""
-    tokens = int(agent.get("prompt_tokens") or 0) + int(agent.get("completion_tokens") or 0)
-    flags = "".join(f" \u00b7 {f}" for f, on in (("cached", agent.get("cached")), ("error", agent.get("error"))) if on)
-    summary = (f"{esc(str(agent.get('agent_id', '?')))} \u00b7 {esc(role)} ({esc(str(agent.get('capacity', '')))})"
-               f" \u2014 {tokens} tokens, ${_fmt(float(agent.get('cost') or 0.0))}{flags}")
-    body = f"<p class='duty'>duty: {esc(spec_agent['duty'])}</p>" if spec_agent else ""
-    if agent.get("error"):
-        body += f"<p class='err'>{esc(str(agent['error']))}</p>"
-    body += f"<pre>{esc(str(agent.get('output') or ''))}</pre>"
-    return f"<details class='agent'><summary>{summary}</summary>{body}</details>"
-
-
-def example_html(record: Mapping[str, Any], bench: str, method: str, levels: Sequence[str] | None) -> str:
-    """One gallery card: the task, the score, prediction vs gold, the spec picture, each agent's output."""
-    esc = html.escape
-    score = float(record.get("score") or 0.0)
-    if not record.get("spec"):
-        verdict = "invalid spec"
-    elif record.get("error"):
-        verdict = "failed run"  # the spec was valid but an agent call failed (see the error below)
-    else:
-        verdict = "correct" if score >= 1.0 else "wrong"
-    parts = [
-        "<div class='example'>",
-        f"<h3>{esc(bench)} / {esc(method)} \u00b7 example {esc(str(record.get('id', '?')))} \u00b7 "
-        f"<span class='{verdict.split()[0]}'>score {_fmt(score)} ({verdict})</span></h3>",
-        f"<details><summary>task: {esc(_clip(str(record.get('task', '')), 160))}</summary>"
-        f"<pre>{esc(str(record.get('task', '')))}</pre></details>",
-        f"<p>prediction <code>{esc(str(record.get('prediction')))}</code> \u00b7 gold "
-        f"<code>{esc(str(record.get('gold')))}</code> \u00b7 cost ${_fmt(float(record.get('cost') or 0.0))}"
-        f" \u00b7 {int(record.get('tokens') or 0)} tokens</p>",
-    ]
-    if record.get("error"):
-        parts.append(f"<p class='err'>error: {esc(str(record['error']))}</p>")
-    spec = record.get("spec")
-    if spec:
-        parts.append(_spec_picture_html(spec, levels, f"spec of {bench} example {record.get('id', '?')}"))
-        by_id = {a["id"]: a for a in spec["agents"]}
-        parts += [_agent_html(a, by_id.get(a.get("agent_id"))) for a in record.get("agents") or []]
-    parts.append("</div>")
-    return "\n".join(parts)
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
 # --- rendering ------------------------------------------------------------------------------------------
 def render_markdown(
     summaries: Sequence[BaseModel | Mapping[str, Any]],
@@ -441,30 +313,8 @@ def render_markdown(
     ]
     for row in _sorted(rows):
         on_front = "*" if (row["benchmark"], str(row["method"])) in front else ""
-        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in COLUMNS) + f" | {on_front} |")
+        lines.append("| " + " | ".join(fmt(row.get(c, "")) for c in COLUMNS) + f" | {on_front} |")
     return "\n".join(lines) + "\n"
-
-
-STYLE = (
-    "body{font-family:sans-serif;margin:2em;color:#222}"
-    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-    "th{background:#f4f4f4}td{white-space:nowrap}tr.orch td{background:#fff4e5;font-weight:bold}img{max-width:100%}"
-    "p.headline{font-size:1.1em;font-weight:bold}.note{color:#8a5a00}"
-    ".example{border:1px solid #ddd;border-radius:6px;padding:0.5em 1em;margin:1em 0}"
-    ".example img.spec{display:block;max-height:480px;margin:0.5em 0}"
-    "span.correct{color:#1e7b34}span.wrong,span.failed{color:#b03a2e}span.invalid{color:#8a5a00}"
-    "details{margin:0.3em 0}summary{cursor:pointer}pre{white-space:pre-wrap;background:#f8f8f8;padding:0.5em}"
-    ".err{color:#b03a2e}.duty{font-style:italic;color:#555}"
-)
-
-
-def _table(name: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    esc = html.escape
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    parts = [f"<h2>{esc(name)}</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"]
-    parts += ["<tr>" + "".join(f"<td>{esc(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
-    parts.append("</table>")
-    return parts
 
 
 def render_html(
@@ -482,20 +332,19 @@ def render_html(
     rows = as_rows(summaries)
     front = _front_labels(rows)
     esc = html.escape
-    head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in (*COLUMNS, "pareto"))
-    body = "".join(
-        ("<tr class='orch'>" if is_orchestrator(str(row["method"])) else "<tr>")
-        + "".join(f"<td>{esc(_fmt(row.get(c, '')))}</td>" for c in COLUMNS)
-        + f"<td>{'&#9733;' if (row['benchmark'], str(row['method'])) in front else ''}</td></tr>"
-        for row in _sorted(rows)
-    )
+    ordered = _sorted(rows)
+    results = table_html(
+        (*COLUMNS, "pareto"),
+        [{**row, "pareto": "\u2605" if (row["benchmark"], str(row["method"])) in front else ""} for row in ordered],
+        headers=HEADERS, row_classes=["orch" if is_orchestrator(str(r["method"])) else "" for r in ordered],
+        table_id="table-results")
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         *(f"<p>{esc(n)}</p>" for n in notes),
         *(f"<p class='headline'>{esc(h)}</p>" for h in headlines(rows)),
-        f"<h2>Results</h2><table><tr>{head}</tr>{body}</table>",
+        f"<h2>Results</h2>{results}",
         "<p>accuracy 95% CI: Wilson interval over the n examples; valid_rate: share of examples whose "
         "orchestrator output parsed and validated (an invalid one scores 0); &#9733;: on the "
         "accuracy-vs-cost Pareto front of its benchmark.</p>",
@@ -505,12 +354,12 @@ def render_html(
         parts.append(f"<h2>{esc(name)}</h2><img alt='{esc(name)}' src='data:image/png;base64,{data}'>")
     side_by_side = sft_vs_trained(rows, traces, levels)
     if side_by_side:
-        parts += _table("SFT-only vs trained orchestrator", side_by_side)
+        parts += table_section("SFT-only vs trained orchestrator", side_by_side)
     chosen = choice_rows(traces or {}, levels)
     if chosen:
-        parts += _table("What the orchestrator chose", chosen)
+        parts += table_section("What the orchestrator chose", chosen)
     for name, extra in (tables or {}).items():
-        parts += _table(name, extra)
+        parts += table_section(name, extra)
     gallery = [
         example_html(record, bench, method, levels)
         for (bench, method), records in sorted((traces or {}).items())

@@ -9,9 +9,19 @@ import pytest
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path (rootdir-less import)
 from typer.testing import CliRunner
 
-from lemon_core.baselines import BASELINES, baseline_spec, chain, debate, self_consistency, tree
+from lemon_core.baselines import (
+    BASELINES,
+    baseline_spec,
+    chain,
+    complete_graph,
+    cot,
+    debate,
+    self_consistency,
+    team_structure,
+    tree,
+)
 from lemon_core.cli import app
-from lemon_core.spec import parse_spec, render_spec, validate_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, parse_spec, render_spec, validate_spec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
@@ -32,6 +42,60 @@ def test_baseline_topologies() -> None:
     d = debate("large", debaters=3, rounds=2)
     assert [len(level) for level in d.levels()] == [3, 3, 1]
     assert d.agent("r2d1").depends_on == ["r1d1", "r1d2", "r1d3"]
+
+
+def team(*agents: tuple[str, str, str, list[str]], output: str) -> OrchestrationSpec:
+    """A spec from (id, base_role, capacity, depends_on) tuples; roles and duties are filler text."""
+    return OrchestrationSpec(agents=[AgentSpec(id=i, role=f"Role of {i}", base_role=b, duty=f"Duty of {i}.", capacity=c,
+                                               depends_on=d) for i, b, c, d in agents], output=output)
+
+
+def test_team_structure_ignores_free_text_ids_and_declaration_order() -> None:
+    """The 2026-12 report said 'same spec as a baseline: none' for CoT@large with its solver renamed."""
+    renamed = team(("solve", "solver", "large", []), output="solve")
+    assert team_structure(renamed) == team_structure(cot("large"))
+    assert team_structure(renamed) != team_structure(cot("small")), "the capacity is part of the team"
+    # tree(): planner -> 2 solvers -> aggregator, here with other ids and the branches declared the other way
+    mirrored = team(("p", "planner", "large", []), ("y", "solver", "large", ["p"]), ("x", "solver", "large", ["p"]),
+                    ("m", "aggregator", "large", ["x", "y"]), output="m")
+    assert team_structure(mirrored) == team_structure(tree("large"))
+    # unlike tree's, these two middle agents differ: declaring them in the other order is still the same team
+    first = team(("p", "planner", "small", []), ("a", "solver", "medium", ["p"]), ("b", "solver", "small", ["p"]),
+                 ("r", "solver", "large", []), ("c", "verifier", "large", ["a", "b", "r"]), output="c")
+    second = team(("r", "solver", "large", []), ("plan", "planner", "small", []), ("s", "solver", "small", ["plan"]),
+                  ("m", "solver", "medium", ["plan"]), ("v", "verifier", "large", ["r", "s", "m"]), output="v")
+    assert team_structure(first) == team_structure(second)
+
+
+@pytest.mark.parametrize("change", ["capacity", "base_role", "edge", "output"])
+def test_team_structure_tells_apart_teams_that_differ_in_structure(change: str) -> None:
+    agents = {"p": ("p", "planner", "large", []), "x": ("x", "solver", "large", ["p"]),
+              "y": ("y", "solver", "large", ["p"]), "m": ("m", "aggregator", "large", ["x", "y"])}
+    output = "m"
+    if change == "capacity":
+        agents["y"] = ("y", "solver", "small", ["p"])
+    elif change == "base_role":
+        agents["y"] = ("y", "verifier", "large", ["p"])
+    elif change == "edge":
+        agents["m"] = ("m", "aggregator", "large", ["x", "y", "p"])
+    elif change == "output":  # the same graph, but a solver's answer is final
+        output = "x"
+    assert team_structure(team(*agents.values(), output=output)) != team_structure(tree("large"))
+
+
+def test_team_structure_tells_apart_two_wirings_of_the_same_agents_and_edge_count() -> None:
+    """Both: two planners, two solvers, an aggregator reading three agents, five edges. In the first the
+    aggregator reads the planner nothing else reads; in the second one that also feeds a solver."""
+    def wiring(y_reads: str, m_reads: list[str]) -> OrchestrationSpec:
+        return team(("p", "planner", "large", []), ("q", "planner", "large", []), ("x", "solver", "large", ["p"]),
+                    ("y", "solver", "large", [y_reads]), ("m", "aggregator", "large", m_reads), output="m")
+
+    assert team_structure(wiring("p", ["x", "y", "q"])) != team_structure(wiring("q", ["x", "y", "p"]))
+
+
+def test_every_baseline_has_a_team_structure_of_its_own() -> None:
+    teams = [cot(), chain(), self_consistency(), tree(), complete_graph(), debate(), chain(length=2)]
+    assert len({team_structure(t) for t in teams}) == len(teams)
 
 
 def test_unknown_baseline_names_the_choices() -> None:

@@ -6,7 +6,10 @@ same: it loads the report into such an iframe and lets a probe script, added to 
 only for the test, tell the parent page through ``postMessage`` whether every image decoded and whether
 anything was fetched from the network. The second test takes a screenshot of the report and looks for
 the colours the pictures paint (the capacity scale of a spec picture, the orchestrator's star on the
-Pareto plot), so it checks what a person would see, not only the markup.
+Pareto plot), so it checks what a person would see, not only the markup. The third opens the report at
+1280 px, the width it is read at, and measures where the browser put things: the page must not scroll
+sideways and every table value, the SFT warm-up's included (its sweep text is one very long cell), must
+lie inside the window and inside its own cell.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from typing import Any
 
 import pytest
 from test_report import LEVELS, demo_run
-from test_spec_picture import need_dot
 
 from lemon_core.plots import plot_reward_curve
-from lemon_core.report import write_report
+from lemon_core.report import sft_rows, write_report
 from lemon_core.spec_picture import PALETTE
 
 PROBE = """<script>
@@ -47,6 +49,41 @@ VIEWER = """<!doctype html><html><body>
 </body></html>"""
 
 
+LAYOUT_PROBE = """<script>
+addEventListener('load', function () {
+  var width = document.documentElement.clientWidth;
+  var tables = Array.prototype.map.call(document.querySelectorAll('table[id]'), function (table) {
+    var hidden = Array.prototype.filter.call(table.querySelectorAll('td'), function (td) {
+      var box = td.getBoundingClientRect();
+      var cut = td.scrollWidth > td.clientWidth + 1;
+      return td.textContent.trim() && (box.left < 0 || box.right > width + 0.5 || cut);
+    }).map(function (td) { return td.textContent.slice(0, 60); });
+    return {id: table.id, hidden: hidden, cells: table.querySelectorAll('td').length};
+  });
+  var out = document.createElement('pre');
+  out.id = 'layout-probe';
+  out.textContent = JSON.stringify({viewport: width, page: document.documentElement.scrollWidth, tables: tables});
+  document.body.appendChild(out);
+});
+</script>"""
+
+# The teacher sweep as a real `make run` reports it: six candidates in one cell, hundreds of characters long.
+SWEEP = {"tasks": 8, "taught": {"chain@large": 8}, "fallback_tasks": 3, "teacher_score": 0.5, "candidates": [
+    {"candidate": name, "solved": 6 - i, "n": 8, "mean_reward": 0.7 - i / 20, "reward_se": 0.15,
+     "mean_cost": 1.13e-4 * (i + 1), "ci": [0.3, 0.86]}
+    for i, name in enumerate(["chain@large", "cot@large", "sc@small+large", "tree@medium", "debate@large", "cot@small"])
+]}
+SFT = {"teacher": "sweep", "sweep": SWEEP, "valid_rate_before": 0.0, "valid_rate_after": 1.0,
+       "valid_rate_after_ci": [0.8928, 1.0], "valid_samples": 32, "loss_first": 1.115, "loss_last": 5.09e-05,
+       "pairs": 8, "steps": 16, "rounds": 1}
+# a row with the widest figures a run writes, so the results table is measured at its widest
+WIDE_ROW = {"benchmark": "multiarith", "method": "complete", "n": 300, "accuracy": 0.123, "mean_cost_usd": 1.234e-4,
+            "mean_tokens": 12345.678, "mean_latency_s": 123.456, "cached_calls": 1234, "failures": 300,
+            "truncated_answers": 300, "looped_answers": 300}
+WIDE_ORCHESTRATOR = {**WIDE_ROW, "method": "lemon-sft", "orchestrator_cost_usd": 1.234e-5, "valid_rate": 0.987,
+                     "invalid": 4}
+
+
 def need(program: str, package: str) -> str:
     """Path of a system program; CI installs it, so there its absence fails the test instead of skipping."""
     for name in (program, f"{program}-browser") if program == "chromium" else (program,):
@@ -66,8 +103,8 @@ def chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProc
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
     """A report of the demo run with a reward curve, as the pipeline's report stage writes it."""
-    need_dot()
     rows, traces = demo_run()
+    rows += [WIDE_ROW, WIDE_ORCHESTRATOR]
     curve = plot_reward_curve(
         [{"step": s, "reward/mean": 0.1 * s, "reward/ci_low": 0.05 * s, "reward/ci_high": 0.15 * s,
           "valid_rate": 0.5 + 0.1 * s, "success_rate": 0.2 * s, "cost/mean": 1e-5, "capacity_share/small": 0.5,
@@ -76,7 +113,8 @@ def report(tmp_path: Path) -> Path:
         tmp_path / "reward_curve.png",
     )
     return write_report(rows, tmp_path / "report", title="lemon report: browser test", traces=traces,
-                        levels=LEVELS, extra_images={"Reward curve": curve})["html"]
+                        levels=LEVELS, extra_images={"Reward curve": curve},
+                        tables={"SFT warm-up": sft_rows(SFT)})["html"]
 
 
 @pytest.mark.slow
@@ -112,10 +150,10 @@ def test_screenshot_shows_the_pictures(report: Path, tmp_path: Path) -> None:
 
     binary = need("chromium", "chromium")
     shot = tmp_path / "report.png"
-    chromium(binary, tmp_path / "profile", "--window-size=1280,2600", "--hide-scrollbars",
+    chromium(binary, tmp_path / "profile", "--window-size=1280,4800", "--hide-scrollbars",
              f"--screenshot={shot}", report.as_uri())
     image = Image.open(shot).convert("RGB")
-    assert image.size == (1280, 2600)
+    assert image.size == (1280, 4800)
     colours = colour_counts(image)
 
     def count(hex_colour: str) -> int:
@@ -126,6 +164,24 @@ def test_screenshot_shows_the_pictures(report: Path, tmp_path: Path) -> None:
     assert count(PALETTE[2]) > 2000, "the medium-capacity fill is painted too"
     assert count("#c0392b") > 50, "the orchestrator's star and error bar on the Pareto plot are painted"
     assert count("#fff4e5") > 2000, "orchestrator rows of the results table are highlighted"
+
+
+@pytest.mark.slow
+def test_at_1280_px_the_page_does_not_scroll_sideways_and_every_value_is_in_view(report: Path, tmp_path: Path) -> None:
+    binary = need("chromium", "chromium")
+    probed = tmp_path / "probed.html"
+    probed.write_text(report.read_text().replace("</body>", LAYOUT_PROBE + "</body>"))
+    dom = chromium(binary, tmp_path / "profile", "--window-size=1280,2000", "--hide-scrollbars",
+                   "--virtual-time-budget=10000", "--dump-dom", probed.as_uri()).stdout
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom, re.S)
+    assert found, f"the probe did not run: {dom[-500:]}"
+    result = json.loads(html.unescape(found.group(1)))
+    assert result["viewport"] == 1280
+    assert result["page"] <= result["viewport"], f"the page scrolls sideways: {result['page']} px wide"
+    tables = {t["id"]: t for t in result["tables"]}
+    assert {"table-results", "table-sft-warm-up", "table-what-the-orchestrator-chose"} <= set(tables)
+    assert tables["table-sft-warm-up"]["cells"] == 2 * len(sft_rows(SFT))
+    assert {name: t["hidden"] for name, t in tables.items() if t["hidden"]} == {}, "values out of view or cut"
 
 
 def colour_counts(image: Any) -> dict[tuple[int, int, int], int]:

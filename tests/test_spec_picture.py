@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 import struct
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 
 from lemon_core.baselines import chain, complete_graph, cot, debate, self_consistency, tree
 from lemon_core.cli_spec import spec_app
-from lemon_core.spec import parse_spec
+from lemon_core.spec import AgentSpec, parse_spec
+from lemon_core.spec_layout import layout, text_width
 from lemon_core.spec_picture import (
     PALETTE,
     SpecPictureError,
@@ -27,7 +29,6 @@ from lemon_core.spec_picture import (
 )
 
 SVG = "{http://www.w3.org/2000/svg}"
-XLINK = "{http://www.w3.org/1999/xlink}"
 
 FOUR_AGENTS = """agents:
   - id: plan
@@ -58,59 +59,91 @@ output: check
 """
 
 
-def need_dot() -> None:
-    """Graphviz's dot (Debian package) and its Python bindings (pyproject): CI has both, so there a
-    missing one is a failure; elsewhere the test skips and says what to install."""
-    try:
-        import graphviz  # noqa: F401
-    except ImportError:
-        missing = "the graphviz Python package (pip install 'graphviz>=0.20')"
-    else:
-        missing = "" if shutil.which("dot") else "Graphviz's dot (apt-get install graphviz)"
-    if missing and os.environ.get("CI") == "true":
-        pytest.fail(f"{missing} is missing in CI; .ci/install_chromium.sh and pyproject.toml provide them")
-    if missing:
-        pytest.skip(f"{missing} is not installed")
-
-
 def spec4():
     return parse_spec(FOUR_AGENTS).spec
 
 
 def agent_groups(svg: str) -> dict[str, ET.Element]:
     root = ET.fromstring(svg)
-    return {
-        g.find(f"{SVG}title").text: g
-        for g in root.iter(f"{SVG}g")
-        if "agent" in (g.get("class") or "").split()
-    }
+    return {g.get("data-agent"): g for g in root.iter(f"{SVG}g") if "agent" in (g.get("class") or "").split()}
+
+
+def box_of(group: ET.Element) -> tuple[float, float, float, float]:
+    """x, y, width, height of an agent's (inner, filled) box."""
+    rect = group.find(f"{SVG}rect")
+    return tuple(float(rect.get(k)) for k in ("x", "y", "width", "height"))
 
 
 def test_svg_has_every_agent_edge_colour_and_the_output_mark() -> None:
-    need_dot()
     svg = spec_svg(spec4(), levels=["small", "medium", "large"])
     nodes = agent_groups(svg)
     assert set(nodes) == {"plan", "solve_a", "solve_b", "check"}
     root = ET.fromstring(svg)
-    edges = {g.find(f"{SVG}title").text for g in root.iter(f"{SVG}g") if g.get("class") == "edge"}
-    assert edges == {"plan->solve_a", "plan->solve_b", "solve_a->check", "solve_b->check"}
-    fills = {name: g.find(f".//{SVG}path").get("fill") for name, g in nodes.items()}
+    edges = {(g.get("data-source"), g.get("data-target")) for g in root.iter(f"{SVG}g") if g.get("class") == "edge"}
+    assert edges == {("plan", "solve_a"), ("plan", "solve_b"), ("solve_a", "check"), ("solve_b", "check")}
+    fills = {name: g.find(f"{SVG}rect").get("fill") for name, g in nodes.items()}
     assert fills == {"plan": PALETTE[0], "solve_b": PALETTE[0], "solve_a": PALETTE[2], "check": PALETTE[-1]}
     # the output agent is drawn with a double border (two outlines) and says so
-    assert len(nodes["check"].findall(f".//{SVG}path")) == 2
-    assert len(nodes["plan"].findall(f".//{SVG}path")) == 1
+    assert len(nodes["check"].findall(f"{SVG}rect")) == 2
+    assert len(nodes["plan"].findall(f"{SVG}rect")) == 1
+    assert nodes["check"].get("fill") == "white" and nodes["plan"].get("fill") == "black", "text readable on its fill"
     texts = {name: " ".join(t.text or "" for t in g.iter(f"{SVG}text")) for name, g in nodes.items()}
     assert "Careful calculator" in texts["solve_a"] and "solver" in texts["solve_a"] and "medium" in texts["solve_a"]
     assert "output" in texts["check"] and "output" not in texts["plan"]
-    links = {name: g.find(f".//{SVG}a").get(f"{XLINK}title") for name, g in nodes.items()}
-    assert links["plan"] == "Break the word problem into numbered steps.", "hovering shows the duty"
-    # the layout engine puts each agent below the ones it reads (SVG y grows downwards)
-    y = {name: min(float(t.get("y")) for t in g.iter(f"{SVG}text")) for name, g in nodes.items()}
+    assert nodes["plan"].find(f"{SVG}title").text == "Break the word problem into numbered steps.", "hover: duty"
+    # each agent is drawn below the ones it reads (SVG y grows downwards)
+    y = {name: box_of(g)[1] for name, g in nodes.items()}
     assert y["plan"] < y["solve_a"] == y["solve_b"] < y["check"]
+    legend = " ".join(t.text for t in root.find(f".//{SVG}g[@id='legend']").iter(f"{SVG}text"))
+    assert legend == "capacity small medium large"
+
+
+def test_pictures_need_neither_graphviz_nor_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install` alone gives pictures: no Graphviz program or bindings are looked for."""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # importing it now fails
+    assert spec_svg(spec4()).startswith("<svg")
+    assert spec_png(spec4()).startswith(b"\x89PNG")
+
+
+def overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+@pytest.mark.parametrize("spec", [spec4(), cot(), chain(), self_consistency(), tree(), complete_graph(), debate()],
+                         ids=["four", "cot", "chain", "sc", "tree", "complete", "debate"])
+def test_layout_keeps_boxes_apart_inside_the_canvas_and_wide_enough_for_their_text(spec) -> None:
+    picture = layout(spec, level_order(spec))
+    boxes = [(b.x, b.y, b.width, b.height) for b in picture.boxes.values()]
+    assert not any(overlaps(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    assert all(x >= 0 and y >= 0 and x + w <= picture.width and y + h <= picture.height for x, y, w, h in boxes)
+    for box in picture.boxes.values():
+        assert all(text_width(line, bold=i == 0) < box.width - 10 for i, line in enumerate(box.lines)), box.lines
+    for edge in picture.edges:
+        source, target = picture.boxes[edge.source], picture.boxes[edge.target]
+        assert edge.points[0][1] == source.y + source.height and source.x < edge.points[0][0] < source.x + source.width
+        assert edge.points[-1][1] == target.y and target.x < edge.points[-1][0] < target.x + target.width
+
+
+def test_an_edge_that_skips_a_layer_goes_around_the_boxes_there() -> None:
+    picture = layout(complete_graph(), ["large"])  # a1 -> a3 passes the layer of a2
+    (long_edge,) = [e for e in picture.edges if (e.source, e.target) == ("a1", "a3")]
+    middle = picture.boxes["a2"]
+    passing = [x for x, y in long_edge.points if middle.y <= y <= middle.y + middle.height]
+    assert len(passing) == 2 and all(not middle.x <= x <= middle.x + middle.width for x in passing)
+
+
+def test_layout_orders_a_layer_to_avoid_crossings() -> None:
+    """Declared crosswise (m1 reads r2, m2 reads r1), each reader is still placed under what it reads."""
+    spec = cot().model_copy(update={"agents": [
+        AgentSpec(id=i, role=i, base_role="solver", duty="d", capacity="large", depends_on=deps)
+        for i, deps in (("r1", []), ("r2", []), ("m1", ["r2"]), ("m2", ["r1"]), ("out", ["m1", "m2"]))
+    ], "output": "out"})
+    x = {name: box.centre_x for name, box in layout(spec, ["large"]).boxes.items()}
+    assert (x["m1"] < x["m2"]) == (x["r2"] < x["r1"])
 
 
 def test_labels_are_escaped() -> None:
-    need_dot()
     spec = cot("small").model_copy(deep=True)
     spec.agents[0].role = 'Solver <b>"&</b>'
     svg = spec_svg(spec)
@@ -119,21 +152,19 @@ def test_labels_are_escaped() -> None:
 
 
 def test_png_and_write_by_suffix(tmp_path: Path) -> None:
-    need_dot()
-    png = spec_png(spec4())
+    from PIL import Image
+
+    png = spec_png(spec4(), levels=["small", "medium", "large"])
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert width > 200 and height > 150
+    colours = {rgb: n for n, rgb in Image.open(io.BytesIO(png)).convert("RGB").getcolors(maxcolors=1 << 20)}
+    dark = tuple(int(PALETTE[-1][i : i + 2], 16) for i in (1, 3, 5))
+    assert colours.get(dark, 0) > 2000, "the large agent's box is painted in the dark end of the palette"
     out = write_spec_picture(spec4(), tmp_path / "pics" / "spec.svg")
     assert out.read_text().startswith("<svg")
     with pytest.raises(SpecPictureError, match=r"\.svg or \.png"):
         write_spec_picture(spec4(), tmp_path / "spec.jpg")
-
-
-def test_missing_dot_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(SpecPictureError, match="apt-get install graphviz"):
-        spec_svg(spec4())
 
 
 def test_level_order_and_colours() -> None:
@@ -211,7 +242,6 @@ def test_cli_spec_show(tmp_path: Path) -> None:
 
 
 def test_cli_spec_show_writes_pictures(tmp_path: Path) -> None:
-    need_dot()
     runner = CliRunner()
     spec_file = tmp_path / "team.yaml"
     spec_file.write_text(FOUR_AGENTS)
