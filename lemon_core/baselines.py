@@ -146,3 +146,20 @@ def team_structure(spec: OrchestrationSpec) -> Hashable:
     ordered = sorted(spec.agents, key=lambda a: (colour[a.id], position[a.id]))
     canonical = renumber_agents(OrchestrationSpec(agents=ordered, output=spec.output))
     return (tuple((a.base_role, a.capacity, tuple(sorted(a.depends_on))) for a in canonical.agents), canonical.output)
+
+
+def team_shape(spec: OrchestrationSpec) -> str:
+    """The shape of a team's dependency graph, free text and capacities aside: ``single`` (one agent), ``chainN``
+    (each agent reads the one before), ``voteN`` (N − 1 independent agents read by the output agent) or ``dagN``.
+    What the training panels count per step, so a move between one solver and a team is visible."""
+    n = len(spec.agents)
+    if n == 1:
+        return "single"
+    ids = [a.id for a in spec.agents]
+    if all(a.depends_on == ([ids[i - 1]] if i else []) for i, a in enumerate(spec.agents)) and spec.output == ids[-1]:
+        return f"chain{n}"
+    others = [a for a in spec.agents if a.id != spec.output]
+    if all(not a.depends_on for a in others) and sorted(spec.agent(spec.output).depends_on) == sorted(
+            a.id for a in others):
+        return f"vote{n}"
+    return f"dag{n}"

@@ -82,25 +82,60 @@ def run_command(
     cfg.run_id = cfg.run_id or new_run_id()
     result = run_local(cfg, _which(which))
     root = storage.join(cfg.artifacts, cfg.run_id)
-    rows = [
-        json.loads(storage.read_text(u))
-        for u in storage.list(storage.join(root, "eval"))
-        if u.endswith("summary.json")
-    ]
-    for r in sorted(rows, key=lambda r: (r["benchmark"], r["method"])):
-        # an orchestrator also pays its own call (prompt + spec): shown beside the agents' cost, not hidden in it
-        own = r.get("orchestrator_cost_usd")
-        typer.echo(
-            f"{r['benchmark']:>11} {r['method']:>9}  accuracy={r['accuracy']:.3f} "
-            f"[{r.get('accuracy_ci_low', 0.0):.2f}, {r.get('accuracy_ci_high', 1.0):.2f}]  n={r['n']}  "
-            f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}"
-            + (f" + orchestrator ${own:.2e}" if own is not None else "")
-            + f"  tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}  "
-            f"looped_answers={r.get('looped_answers', 0)}  "
-            f"cached_calls={r.get('cached_calls', 0)}"
-        )
+    for line in results_table(root):
+        typer.echo(line)
     typer.echo(f"wall time: {result['wall_s']:.0f} s")
     typer.echo(f"report: {storage.join(root, 'report', 'report.html')}")
+
+
+def results_table(root: str) -> list[str]:
+    """The run's printed results: one line per (benchmark, method), the SFT-only orchestrator beside the trained one
+    with the paired test on the same problems (``p=``), then the comparison over all benchmarks and each method's
+    mean training reward (an orchestrator's own call counted)."""
+    from lemon_core import storage
+    from lemon_core.comparison import paired_test, per_problem, pooled_cost, trained_versus_sft
+    from lemon_core.config import ORCHESTRATOR, SFT_ORCHESTRATOR
+
+    cells = {}
+    for uri in storage.list(storage.join(root, "eval")):
+        if uri.endswith("summary.json"):
+            row = json.loads(storage.read_text(uri))
+            traces_uri = uri.rsplit("/", 1)[0] + "/traces.jsonl"
+            records = [json.loads(x) for x in storage.read_text(traces_uri).splitlines() if x.strip()] \
+                if storage.exists(traces_uri) else []
+            cells[(row["benchmark"], row["method"])] = (row, records)
+    lines = []
+    for (benchmark, method), (r, records) in sorted(cells.items()):
+        own = r.get("orchestrator_cost_usd")  # an orchestrator also pays its own call: shown, not hidden
+        line = (f"{benchmark:>11} {method:>10}  accuracy={r['accuracy']:.3f} "
+                f"[{r.get('accuracy_ci_low', 0.0):.2f}, {r.get('accuracy_ci_high', 1.0):.2f}]  n={r['n']}  "
+                f"valid_rate={r.get('valid_rate', 1.0):.2f}  cost/ex=${r['mean_cost_usd']:.2e}"
+                + (f" + orchestrator ${own:.2e}" if own is not None else "")
+                + f"  tokens/ex={r['mean_tokens']:.0f}  truncated_answers={r.get('truncated_answers', 0)}  "
+                f"looped_answers={r.get('looped_answers', 0)}")
+        if r.get("mean_reward") is not None:
+            line += f"  reward={r['mean_reward']:.3f}"
+        if r.get("sampled_reward") is not None:
+            low, high = r["sampled_reward_ci"]
+            line += f"  sampled_reward={r['sampled_reward']:.3f} [{low:.2f}, {high:.2f}] (k={r['sampled_k']})"
+        sft = cells.get((benchmark, SFT_ORCHESTRATOR))
+        if method == ORCHESTRATOR and sft is not None:
+            line += f"  p={paired_test(per_problem(records, 'score'), per_problem(sft[1], 'score')).p:.3g}"
+        lines.append(line)
+    tests = trained_versus_sft({k: v[1] for k, v in cells.items()}, ORCHESTRATOR, SFT_ORCHESTRATOR)
+    for what, t in tests.items():
+        lines.append(f"{ORCHESTRATOR} vs {SFT_ORCHESTRATOR}, all benchmarks, {what}: {t.difference:+.3f} per problem, "
+                     f"{t.wins} won / {t.losses} lost of {t.n}, exact sign test p={t.p:.3g}")
+    by_method: dict[str, list[dict]] = {}
+    for (_, method), (r, _) in cells.items():
+        by_method.setdefault(method, []).append(r)
+    rewards = {m: sum(r["mean_reward"] * r["n"] for r in rs) / sum(r["n"] for r in rs)
+               for m, rs in by_method.items() if all(r.get("mean_reward") is not None for r in rs)}
+    if rewards:
+        ranked = sorted(rewards.items(), key=lambda x: -x[1])
+        lines.append("mean reward (training reward, own call counted), all benchmarks: " + ", ".join(
+            f"{m} {v:.3f} (${pooled_cost(by_method[m]):.2e}/ex)" for m, v in ranked))
+    return lines
 
 
 @pipeline_app.command("submit")

@@ -86,3 +86,27 @@ def dominating_baseline(
         return None
     their_cost, name, their_accuracy = min(dominating)
     return name, their_accuracy, their_cost
+
+
+def per_problem(records: Sequence[Mapping[str, Any]], field: str) -> dict[str, float]:
+    """``field`` of each problem's record (by id), where the record has it."""
+    return {str(r["id"]): float(r[field]) for r in records if r.get(field) is not None}
+
+
+def trained_versus_sft(
+    traces: Mapping[tuple[str, str], Sequence[Mapping[str, Any]]], trained: str, sft: str,
+) -> dict[str, PairedTest]:
+    """The trained orchestrator against the SFT-only one on the same held-out problems, all benchmarks together:
+    ``accuracy`` on the greedy specs' scores and, where measured, ``sampled_reward`` on the mean reward of the
+    policy's own samples. ``traces`` maps (benchmark, method) to that cell's records."""
+    tests: dict[str, PairedTest] = {}
+    for field, key in (("score", "accuracy"), ("sampled_reward", "sampled_reward")):
+        a: dict[str, float] = {}
+        b: dict[str, float] = {}
+        for (benchmark, method), records in traces.items():
+            target = a if method == trained else b if method == sft else None
+            if target is not None:
+                target.update({f"{benchmark}/{i}": v for i, v in per_problem(records, field).items()})
+        if set(a) & set(b):
+            tests[key] = paired_test(a, b)
+    return tests

@@ -29,7 +29,7 @@ from lemon_core.pool import CapacityLevel, CapacityPool
 from lemon_core.progress import progress as progress_of
 from lemon_core.reward import RewardConfig, compute_reward, trace_score
 from lemon_core.spec import OrchestrationSpec, validate_spec
-from lemon_core.stats import wilson_interval
+from lemon_core.stats import mean_interval, wilson_interval
 
 
 @dataclass
@@ -92,6 +92,11 @@ class EvalSummary(BaseModel):
     mean_latency_s: float
     agent_calls: int
     cached_calls: int = 0  # agent calls answered from the node cache: no latency, still charged their price
+    mean_reward: float | None = None  # the training reward (score, efficiency, structure, cost; own call counted)
+    mean_reward_ci: tuple[float, float] | None = None  # its 95% interval (normal approximation over examples)
+    sampled_k: int = 0  # orchestrators: specs sampled per problem at the rollout temperature (0: not measured)
+    sampled_reward: float | None = None  # mean over problems of the k sampled specs' mean reward
+    sampled_reward_ci: tuple[float, float] | None = None
     failures: int
     wall_s: float
     sandbox_mode: str | None = None
@@ -115,21 +120,23 @@ def write_specs(
 ) -> list[SpecAttempt]:
     """Greedy orchestrator output per example, parsed; every rank of a sharded policy must call it. The
     (prompt, completion) tokens of each call are appended to ``calls``."""
-    from lemon_core.rollout import parse_completion
 
     prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
     groups = policy.sample(prompts, 1, max_new_tokens=max_new_tokens, temperature=0.0, seed=seed, with_logprobs=False)
     samples = [g[0] for g in groups]
     if calls is not None:
         calls.tokens += [(len(s.prompt_ids), len(s.completion_ids)) for s in samples]
-    out: list[SpecAttempt] = []
-    for s in samples:
-        parsed, error = parse_completion(s.text, pool)
-        if parsed is not None:
-            out.append(parsed.spec)
-        else:
-            out.append(InvalidSpec(error=error or "invalid spec", text=s.text, truncated=not s.finished))
-    return out
+    return [spec_attempt(s, pool) for s in samples]
+
+
+def spec_attempt(sample: Any, pool: CapacityPool) -> SpecAttempt:
+    """What the orchestrator wrote in one sample: its spec, or the ``InvalidSpec`` (scored 0, counted)."""
+    from lemon_core.rollout import parse_completion  # the rollouts' parser; rollout.py loads the sampler
+
+    parsed, error = parse_completion(sample.text, pool)
+    if parsed is not None:
+        return parsed.spec
+    return InvalidSpec(error=error or "invalid spec", text=sample.text, truncated=not sample.finished)
 
 
 def evaluate(
@@ -185,6 +192,7 @@ def evaluate(
                 records.append(_score_record(benchmark, example, by_index[i], pool, scorer, reward_cfg))
             if orchestrator_calls is not None:
                 records[-1].update(orchestrator_calls.record(lo + i))
+                charge_own_call(records[-1], reward_cfg)
         bar.update(len(batch), accuracy=sum(r["score"] for r in records) / len(records),
                    valid=sum(r["valid"] for r in records) / len(records))
     bar.close()
@@ -204,6 +212,58 @@ def evaluate_orchestrator(
     calls = OrchestratorCalls(level=price_level(pool, orchestrator_model))
     source = orchestrator_specs(policy, pool, max_new_tokens=max_new_tokens, seed=seed, calls=calls)
     return evaluate(benchmark, examples, source, pool, method=method, seed=seed, orchestrator_calls=calls, **kwargs)
+
+
+def sampled_spec_rewards(
+    policy: Any, pool: CapacityPool, examples: Sequence[Any], *, k: int, temperature: float, max_new_tokens: int,
+    seed: int, reward_cfg: RewardConfig, benchmark: Benchmark | None = None, orchestrator_model: str | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """Per problem, the mean training reward of ``k`` specs the orchestrator samples at ``temperature`` (the
+    rollouts' own), each executed and scored like an evaluation (invalid = the invalid penalty; own call counted).
+
+    A greedy pick shows one spec per problem; this shows the distribution the policy actually holds, which is
+    what GRPO moves (an uninformed warm-up can land its greedy pick on either level by chance)."""
+    calls = OrchestratorCalls(level=price_level(pool, orchestrator_model))
+    prompts = [policy.prompt_ids(ex.question, pool) for ex in examples]
+    groups = policy.sample(prompts, k, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                           with_logprobs=False)
+    attempts: list[SpecAttempt] = []
+    repeated: list[Any] = []
+    for example, group in zip(examples, groups, strict=True):
+        for sample in group:
+            calls.tokens.append((len(sample.prompt_ids), len(sample.completion_ids)))
+            attempts.append(spec_attempt(sample, pool))
+            repeated.append(example)
+    _, records = evaluate(benchmark, repeated, attempts, pool, method=f"samples-{k}", seed=seed,
+                          reward_cfg=reward_cfg, orchestrator_calls=calls, **kwargs)
+    by_problem: dict[str, list[float]] = {}
+    for record in records:
+        by_problem.setdefault(str(record["id"]), []).append(float(record["reward"]))
+    return {problem: sum(rs) / len(rs) for problem, rs in by_problem.items()}
+
+
+def with_sampled_rewards(summary: EvalSummary, records: list[dict[str, Any]], per_problem: dict[str, float], k: int,
+                         out_dir: Path | None = None) -> EvalSummary:
+    """``summary`` with the sampled specs' mean reward (and its interval over problems); each greedy record gets
+    its problem's ``sampled_reward``, rewritten to ``out_dir`` when given."""
+    for record in records:
+        record["sampled_reward"] = per_problem.get(str(record["id"]))
+    values = [v for v in (r["sampled_reward"] for r in records) if v is not None]
+    update: dict[str, Any] = {"sampled_k": k}
+    if values:
+        update |= {"sampled_reward": sum(values) / len(values), "sampled_reward_ci": mean_interval(values)}
+    summary = summary.model_copy(update=update)
+    if out_dir is not None:
+        write_results(out_dir, records, summary)
+    return summary
+
+
+def charge_own_call(record: dict[str, Any], reward_cfg: RewardConfig | None) -> None:
+    """An orchestrator's record pays for writing its spec in the training reward too: λ · its own call's cost."""
+    own = record.get("orchestrator_cost")
+    if reward_cfg is not None and "reward" in record and own is not None:
+        record["reward"] -= reward_cfg.lambda_cost * own
 
 
 def _specs_for(specs: SpecSource, batch: list[Any], lo: int) -> list[SpecAttempt]:
@@ -264,6 +324,10 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
     invalid = sum(1 for r in records if not r.get("valid", True))
     written = [r for r in records if "orchestrator_prompt_tokens" in r]
     priced = [r["orchestrator_cost"] for r in written if r["orchestrator_cost"] is not None]
+    rewards = [float(r["reward"]) for r in records if "reward" in r]
+    reward_fields: dict[str, Any] = {}
+    if rewards and len(rewards) == n:
+        reward_fields = {"mean_reward": sum(rewards) / n, "mean_reward_ci": mean_interval(rewards)}
     return EvalSummary(
         benchmark=benchmark, method=method, split=split, n=n,
         accuracy=correct / d, accuracy_ci_low=low, accuracy_ci_high=high,
@@ -280,7 +344,7 @@ def summarize(records: list[dict[str, Any]], *, benchmark: str, method: str, spl
         agent_calls=sum(r["agent_calls"] for r in records),
         cached_calls=sum(r.get("cached_calls", 0) for r in records),
         failures=sum(1 for r in records if r["error"] and r.get("valid", True)),
-        wall_s=wall_s, sandbox_mode=sandbox_mode,
+        wall_s=wall_s, sandbox_mode=sandbox_mode, **reward_fields,
     )
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
+from lemon_core.baselines import team_shape
 from lemon_core.config import RolloutConfig
 from lemon_core.counterfactual import (
     CounterfactualEdit,
@@ -55,7 +56,7 @@ from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward, trace_score
-from lemon_core.spec import ParsedSpec, SpecError, parse_spec, spec_json_schema
+from lemon_core.spec import OrchestrationSpec, ParsedSpec, SpecError, parse_spec, spec_json_schema
 from lemon_core.stats import mean_interval
 from lemon_core.vllm_sampler import VLLMSampler
 
@@ -324,9 +325,11 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
     specs = [r.spec for r in valid if r.spec]  # records read back without their spec have none
     if specs:
         m["agents/mean"] = statistics.fmean(len(spec["agents"]) for spec in specs)
-        agents = [a for spec in specs for a in spec["agents"]]
-        for level in levels:
-            m[f"capacity/{level}"] = sum(a["capacity"] == level for a in agents) / len(agents)
+        m.update(choice_shares(specs, levels))
+    for benchmark in sorted({r.benchmark for r in records}):
+        mine = [r for r in records if r.benchmark == benchmark]
+        m[f"reward/{benchmark}"] = statistics.fmean(r.reward.total for r in mine)
+        m.update(choice_shares([r.spec for r in mine if r.valid and r.spec], levels, prefix=f"{benchmark}/"))
     by_family: dict[str, list[float]] = defaultdict(list)
     for r in records:
         for e in r.edits:
@@ -338,6 +341,20 @@ def rollout_metrics(records: Sequence[RolloutRecord], levels: Sequence[str]) -> 
             m[f"delta_count/{family.value}"] = len(by_family[family.value])
     m["completion_tokens"] = statistics.fmean(len(r.completion_ids) for r in records)
     return m
+
+
+def choice_shares(specs: Sequence[dict[str, Any]], levels: Sequence[str], prefix: str = "") -> dict[str, float]:
+    """What the sampled specs chose: the share of agents at each capacity level (``capacity/<prefix><level>``) and the
+    share of specs of each team shape (``shape/<prefix><shape>``, ``baselines.team_shape``)."""
+    if not specs:
+        return {}
+    agents = [a for spec in specs for a in spec["agents"]]
+    shares = {f"capacity/{prefix}{level}": sum(a["capacity"] == level for a in agents) / len(agents)
+              for level in levels}
+    shapes = [team_shape(OrchestrationSpec.model_validate(spec)) for spec in specs]
+    for shape in sorted(set(shapes)):
+        shares[f"shape/{prefix}{shape}"] = shapes.count(shape) / len(shapes)
+    return shares
 
 
 # --- shards ---------------------------------------------------------------------------------------

@@ -293,7 +293,7 @@ def stage_evaluate(
     from lemon_core.baselines import baseline_spec
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.comparison import total_cost
-    from lemon_core.evaluate import evaluate, evaluate_orchestrator
+    from lemon_core.evaluate import evaluate, evaluate_orchestrator, sampled_spec_rewards, with_sampled_rewards
     from lemon_core.metrics import LemonMetrics
     from lemon_core.train import capped_pool, constrain, load_policy
 
@@ -318,13 +318,22 @@ def stage_evaluate(
             ckpt = local_dir(checkpoint_uri)
             policy = constrain(load_policy(tc, str(ckpt)), tc, pool.level_names)
             _attach_sampler(policy, ckpt, tc, pool)
-            summary, _ = evaluate_orchestrator(policy, pool, examples, benchmark=bench, out_dir=Path(tmp),
-                                               max_new_tokens=tc.rollout.max_new_tokens, orchestrator_model=tc.model,
-                                               **common)
+            summary, records = evaluate_orchestrator(
+                policy, pool, examples, benchmark=bench, out_dir=Path(tmp), max_new_tokens=tc.rollout.max_new_tokens,
+                orchestrator_model=tc.model, reward_cfg=tc.reward, **common)
+            k = cfg.evaluate.samples_per_problem
+            if k:
+                per_problem = sampled_spec_rewards(
+                    policy, pool, examples, k=k, temperature=tc.rollout.temperature,
+                    max_new_tokens=tc.rollout.max_new_tokens, seed=tc.seed, benchmark=bench,
+                    orchestrator_model=tc.model, reward_cfg=tc.reward, batch_size=cfg.evaluate.batch_size,
+                    sandbox_mode=common["sandbox_mode"], progress=tc.progress)
+                summary = with_sampled_rewards(summary, records, per_problem, k, Path(tmp))
             _close_sampler(policy)
         else:
-            spec = baseline_spec(method, cfg.evaluate.capacity or pool.level_names[-1], cheapest=pool.level_names[0])
-            summary, _ = evaluate(bench, examples, spec, pool, out_dir=Path(tmp), **common)
+            spec = baseline_spec(*baseline_method(method, cfg.evaluate.capacity or pool.level_names[-1]),
+                                 cheapest=pool.level_names[0])
+            summary, _ = evaluate(bench, examples, spec, pool, out_dir=Path(tmp), reward_cfg=tc.reward, **common)
         data = {**summary.model_dump(), "pool": pool.description}
         out = storage.join(run_root(manifest_uri), "eval", f"{benchmark}-{method}")
         storage.put_file(Path(tmp) / "traces.jsonl", storage.join(out, "traces.jsonl"))
@@ -336,6 +345,12 @@ def stage_evaluate(
     _metrics_out(m, out, "lemon-eval", {"run": cfg.name, "benchmark": benchmark, "method": method})
     pool.close()
     return storage.join(out, "summary.json")
+
+
+def baseline_method(method: str, default_level: str) -> tuple[str, str]:
+    """(baseline, level) of an evaluation method name: ``cot@small`` runs CoT at `small`, ``cot`` at the default."""
+    name, _, level = method.partition("@")
+    return name, level or default_level
 
 
 def _sandbox_mode(benchmark: str) -> str | None:

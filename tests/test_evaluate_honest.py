@@ -134,3 +134,57 @@ def test_the_orchestrators_own_call_is_counted_and_priced_at_the_level_serving_i
     # a baseline writes no spec: no orchestrator figures
     baseline, _ = evaluate(get("multiarith"), exs, cot("small"), pool, method="cot", progress=False)
     assert baseline.orchestrator_tokens is None and baseline.orchestrator_cost_usd is None
+
+
+class _KPolicy:
+    """Writes, for every prompt, the same ``k`` texts in turn (what matters is what evaluation does with them)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def prompt_ids(self, question: str, pool: Any) -> list[int]:
+        return [1, 2, 3]
+
+    def sample(self, prompts: list[list[int]], n: int, **kw: Any) -> list[list[_Sample]]:
+        assert n == len(self.texts) and kw["temperature"] == 0.7 and kw["with_logprobs"] is False
+        return [[_Sample(p, [5] * 7, t, [], [(0, len(t))], True) for t in self.texts] for p in prompts]
+
+
+def test_sampled_spec_rewards_average_k_specs_per_problem_invalid_ones_at_the_penalty() -> None:
+    from lemon_core.config import RewardConfig
+    from lemon_core.evaluate import sampled_spec_rewards, with_sampled_rewards
+
+    pool = load_pool("simulated")
+    examples = _examples(3)
+    good = spec_completion(cot("large"))
+    reward_cfg = RewardConfig(invalid_penalty=-1.0)
+    # each problem: one valid spec and one that is not a spec (-1): the mean is (r_valid - 1) / 2
+    rewards = sampled_spec_rewards(_KPolicy([good, "no spec here"]), pool, examples, k=2, temperature=0.7,
+                                   max_new_tokens=50, seed=0, reward_cfg=reward_cfg, progress=False)
+    _, greedy = evaluate(get("multiarith"), examples, cot("large"), pool, method="cot", reward_cfg=reward_cfg,
+                         progress=False)
+    assert set(rewards) == {e.id for e in examples}
+    for record in greedy:
+        assert rewards[record["id"]] == pytest.approx((record["reward"] - 1.0) / 2)
+    summary, records = evaluate(get("multiarith"), examples, cot("large"), pool, method="cot",
+                                reward_cfg=reward_cfg, progress=False)
+    summary = with_sampled_rewards(summary, records, rewards, 2)
+    assert summary.sampled_k == 2 and summary.sampled_reward == pytest.approx(sum(rewards.values()) / 3)
+    assert summary.sampled_reward_ci[0] <= summary.sampled_reward <= summary.sampled_reward_ci[1]
+    assert all(r["sampled_reward"] == rewards[r["id"]] for r in records)
+
+
+def test_an_orchestrators_reward_pays_for_its_own_call() -> None:
+    from lemon_core.config import RewardConfig
+    from lemon_core.evaluate import OrchestratorCalls, charge_own_call
+
+    pool = load_pool("cpu")  # SmolLM2 serves `small`, so the orchestrator's call has a price
+    reward_cfg = RewardConfig(lambda_cost=1000.0)
+
+    calls = OrchestratorCalls(level=pool.level("small"), tokens=[(200, 50), (200, 50)])
+    record = {"reward": 1.0, **calls.record(0)}
+    charge_own_call(record, reward_cfg)
+    assert record["reward"] == pytest.approx(1.0 - 1000.0 * pool.level("small").cost(200, 50))
+    unpriced = {"reward": 1.0, **OrchestratorCalls(level=None, tokens=[(200, 50)]).record(0)}
+    charge_own_call(unpriced, reward_cfg)
+    assert unpriced["reward"] == 1.0  # no level serves the orchestrator's model: nothing to charge

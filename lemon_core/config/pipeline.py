@@ -23,7 +23,12 @@ class EvalSettings(BaseModel):
     methods: list[str] = Field(
         default_factory=lambda: [ORCHESTRATOR, "cot"],
         description=f"'{ORCHESTRATOR}' (the trained orchestrator), '{SFT_ORCHESTRATOR}' (the SFT-only one) "
-        "and/or baselines",
+        "and/or baselines; a baseline at one level is 'method@level' (cot@small), else it runs at `capacity`",
+    )
+    samples_per_problem: int = Field(
+        0, ge=0, le=32,
+        description="orchestrators: also sample this many specs per problem at the rollout temperature and report "
+        "their mean training reward (the distribution GRPO moves, which one greedy pick hides); 0 = off",
     )
     split: str = Field("test", description="prepared split to evaluate on")
     limit: int | None = Field(None, ge=1, description="examples per benchmark")
