@@ -47,8 +47,70 @@ def _first_present(rows: Sequence[dict[str, Any]], *keys: str) -> Series:
 
 
 def _suffixes(rows: Sequence[dict[str, Any]], prefix: str) -> list[str]:
-    """Names after ``prefix`` in row keys, in first-seen order (train.py writes levels cheapest first)."""
-    return list(dict.fromkeys(k[len(prefix) :] for r in rows for k in r if k.startswith(prefix)))
+    """Names after ``prefix`` in row keys, in first-seen order (train.py writes levels cheapest first); a name with
+    a "/" in it belongs to a breakdown (``capacity/<benchmark>/<level>``) and is left out."""
+    return list(dict.fromkeys(k[len(prefix) :] for r in rows for k in r
+                              if k.startswith(prefix) and "/" not in k[len(prefix) :]))
+
+
+def choice_series(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Series]]]:
+    """Per benchmark the quantities GRPO moves, from ``rollout_metrics``' breakdowns: the share of sampled agents at
+    each capacity level, the share of sampled specs of each team shape, and the benchmark's mean rollout reward;
+    plus ``all``: the probe tasks' reward (the same tasks every step, so the curve is not task difficulty) and KL."""
+    benchmarks = list(dict.fromkeys(k.split("/")[1] for r in rows for k in r
+                                    if k.startswith("capacity/") and k.count("/") == 2))
+    out: dict[str, dict[str, dict[str, Series]]] = {}
+    for bench in benchmarks:
+        out[bench] = {
+            "capacity": {lv: _series(rows, f"capacity/{bench}/{lv}") for lv in _suffixes(rows, f"capacity/{bench}/")},
+            "shape": {sh: _series(rows, f"shape/{bench}/{sh}") for sh in _suffixes(rows, f"shape/{bench}/")},
+            "reward": {"rollout reward": _series(rows, f"reward/{bench}"),
+                       "probe reward": _series(rows, f"probe/reward/{bench}")},
+        }
+    out = {b: {k: {label: s for label, s in v.items() if s[0]} for k, v in panels.items()} for b, panels in out.items()}
+    every = {"probe reward": _series(rows, "probe/reward"), "kl": _series(rows, "kl")}
+    return {**out, "all": {key: {key: s} for key, s in every.items() if s[0]}}
+
+
+def plot_choices(rows: Sequence[dict[str, Any]], out_png: str | Path) -> Path:
+    """What moved in training, per benchmark: one row of panels each (capacity share and team-shape share of the
+    sampled specs, stacked; the rollout and probe rewards), and a last row with the probe reward and the KL to the
+    SFT model. A constant stack is a policy that did not move."""
+    data = choice_series(rows)
+    benches = [b for b in data if b != "all"]
+    fig, axes = plt.subplots(len(benches) + 1, 3, figsize=(16, 3.6 * (len(benches) + 1)), squeeze=False)
+    for row, bench in enumerate(benches):
+        for col, (name, title) in enumerate((("capacity", "capacity share of sampled agents"),
+                                             ("shape", "team shape of sampled specs"), ("reward", "reward"))):
+            ax, panel = axes[row][col], data[bench][name]
+            if not panel:
+                _not_recorded(ax, f"{bench}: {title}")
+                continue
+            if name == "reward":
+                for label, (steps, values) in panel.items():
+                    ax.plot(steps, values, marker="o", label=label)
+            else:
+                _draw_capacity(ax, panel)
+            ax.set_title(f"{bench}: {title}")
+            ax.set_xlabel("GRPO step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.legend(fontsize=8, loc="best")
+    last = axes[-1]
+    for ax, key, title in ((last[0], "probe reward", "probe tasks' mean reward (same tasks every step)"),
+                           (last[1], "kl", "KL to the SFT model")):
+        if key not in data["all"]:
+            _not_recorded(ax, title)
+            continue
+        ax.plot(*data["all"][key][key], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    last[2].axis("off")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
+    plt.close(fig)
+    return Path(out_png)
 
 
 def _reward_band(rows: Sequence[dict[str, Any]]) -> dict[str, Series]:

@@ -181,6 +181,7 @@ def stage_rollout(
         load_policy,
         load_train_pool,
         new_edit_sampler,
+        probe_rewards,
         rollout_step,
         step_seed,
         tasks_for_step,
@@ -203,9 +204,15 @@ def stage_rollout(
     edit_sampler.mean_abs_delta.update(sampler_state(ckpt))
     shard_seed = int.from_bytes(shard_uri.encode()[-8:].rjust(8, b"\0"), "big") % 1_000_003
     records, _ = rollout_step(policy, pool, tc, edit_sampler, tasks, iteration, step_seed(tc, iteration, shard_seed))
+    iter_uri = storage.join(run_root(manifest_uri), f"iter-{iteration:03d}")
+    if cfg.probe_tasks and shard_index == 0:  # one pod measures the probe set for the whole iteration
+        probe = [ex for b in cfg.prepare.benchmarks for _, ex in load_split(manifest, "val", b)[: cfg.probe_tasks]]
+        if probe:
+            storage.write_text(storage.join(iter_uri, "probe.json"),
+                               json.dumps(probe_rewards(policy, pool, tc, probe), indent=2) + "\n")
     _close_sampler(policy)
     name = f"pod-{shard_index:03d}-" + shard_uri.rstrip("/").rsplit("/", 1)[-1]
-    uri = storage.join(run_root(manifest_uri), f"iter-{iteration:03d}", "rollouts", name)
+    uri = storage.join(iter_uri, "rollouts", name)
     write_records(records, uri)
     m = LemonMetrics(parts=("rollout", "calls"))
     m.record_rewards("total", [r.reward.total for r in records])
@@ -248,6 +255,9 @@ def stage_train(
     row = {"step": iteration, **rollout_metrics(records, state.pool.level_names), **update,
            "time/update_s": time.perf_counter() - t0}
     iter_uri = storage.join(root_of_records(records_uris[0]), f"iter-{iteration:03d}")
+    probe_uri = storage.join(iter_uri, "probe.json")
+    if storage.exists(probe_uri):  # measured by the iteration's rollout stage, with the policy it sampled from
+        row.update(json.loads(storage.read_text(probe_uri)))
     uri = storage.join(iter_uri, "checkpoint")
     with tempfile.TemporaryDirectory() as tmp:
         path = checkpoint_state(state, Path(tmp), keep=1)  # every rank calls: gathers are collectives
@@ -381,8 +391,9 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
             train_rows.append(json.loads(storage.read_text(uri)))
     images: dict[str, Path | bytes] = {}
     if train_rows:
-        from lemon_core.plots import plot_reward_curve
+        from lemon_core.plots import plot_choices, plot_reward_curve
 
+        images["What moved in training"] = plot_choices(train_rows, out_dir / "choices.png")
         images["Reward curve"] = plot_reward_curve(train_rows, out_dir / "reward_curve.png")
     tc = cfg.train
     from lemon_core.train import load_train_pool

@@ -256,6 +256,20 @@ def rollout_step(policy: OrchestratorPolicy, pool: CapacityPool, cfg: TrainConfi
                                 scorer=scorer, progress=cfg.progress and show_progress)
 
 
+def probe_rewards(policy: OrchestratorPolicy, pool: CapacityPool, cfg: TrainConfig, tasks: Sequence[Any],
+                  scorer: Scorer = benchmark_scorer) -> dict[str, float]:
+    """The mean reward of G specs sampled for each of a fixed set of probe tasks, overall and per benchmark: the
+    same tasks and the same seed every step, no edits and no update, so the curve follows the policy and not the
+    difficulty of the step's tasks (``probe/reward``, ``probe/reward/<benchmark>``)."""
+    probe_cfg = cfg.rollout.model_copy(update={"edits_per_spec": 0})
+    records, _ = collect_rollouts(policy, tasks, pool, probe_cfg, cfg.reward, new_edit_sampler(cfg), step=0,
+                                  seed=cfg.seed, scorer=scorer, progress=False)
+    out = {"probe/reward": statistics.fmean(r.reward.total for r in records)}
+    for benchmark in sorted({r.benchmark for r in records}):
+        out[f"probe/reward/{benchmark}"] = statistics.fmean(r.reward.total for r in records if r.benchmark == benchmark)
+    return out
+
+
 def update_step(state: TrainState, records: Sequence[RolloutRecord]) -> dict[str, float]:
     """One GRPO update on ``records`` (this rank's whole groups); the sampler then gets the new weights."""
     metrics = grpo_update(state.policy, state.ref_model, records, state.optimizer, state.scheduler, state.cfg,

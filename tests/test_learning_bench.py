@@ -100,7 +100,7 @@ def test_quick_run_scores_every_method_on_the_same_examples_and_its_files_agree(
     lemon, cot_large = rows["lemon"], rows["cot@large"]
     assert float(found[1]) == pytest.approx(lemon["accuracy"] / cot_large["accuracy"], abs=6e-4)
     assert float(found[2]) == pytest.approx(lemon["mean_cost_usd"] / cot_large["mean_cost_usd"], abs=6e-4)
-    assert "lemon above lemon-sft:" in stdout
+    assert "lemon above lemon-sft (" in stdout and "targets: " in stdout
 
     table = (out / "learning.md").read_text().splitlines()
     assert len(table) == 2 + len(rows) and table[2].startswith("| cot@small | ")
@@ -116,3 +116,34 @@ def test_quick_run_scores_every_method_on_the_same_examples_and_its_files_agree(
     assert [r["method"] for r in again["rows"]] == [*rows, "sc3@large"]
     assert again["rows"][:5] == saved["rows"] and again["sft"] == saved["sft"]
     assert again["rows"][-1]["n"] == 16 and again["rows"][-1]["capacity_mix"]["large"] == 1.0
+
+
+def _rows(lemon_scores: list[float], sft_scores: list[float], lemon_reward: float, best_reward: float) -> tuple:
+    def row(method: str, scores: list[float], reward: float) -> dict:
+        return {"method": method, "accuracy": sum(scores) / len(scores), "valid_rate": 1.0, "mean_reward": reward}
+
+    rows = {"cot@small": row("cot@small", [0.0], 0.0), "cot@large": row("cot@large", lemon_scores, best_reward),
+            "lemon-sft": row("lemon-sft", sft_scores, 0.0), "lemon": row("lemon", lemon_scores, lemon_reward)}
+    traces = {m: [{"id": f"p{i}", "score": s} for i, s in enumerate(scores)]
+              for m, scores in (("lemon", lemon_scores), ("lemon-sft", sft_scores))}
+    return rows, traces
+
+
+def test_the_targets_line_fails_an_orchestrator_that_did_not_learn() -> None:
+    learning = load_bench("learning.py", "learning_bench")
+    # the old main job: SFT already wrote CoT@large's spec, GRPO changed nothing, the copy pays its own call
+    copy = [1.0] * 19 + [0.0] * 11
+    line, met = learning.learning_targets(*_rows(copy, copy, lemon_reward=0.59, best_reward=0.60))
+    assert not met and "lemon above lemon-sft" in line and line.count("not met") == 2
+    # more problems won than lost, but not beyond chance (3 won, 1 lost): not met either
+    sft = [0.0, 0.0, 0.0, 1.0] + [1.0] * 26
+    lemon = [1.0, 1.0, 1.0, 0.0] + [1.0] * 26
+    line, met = learning.learning_targets(*_rows(lemon, sft, lemon_reward=0.9, best_reward=0.8))
+    assert not met and "p=0.625 < 0.05): not met" in line
+
+
+def test_the_targets_line_passes_an_orchestrator_that_learned() -> None:
+    learning = load_bench("learning.py", "learning_bench")
+    sft, lemon = [0.0] * 30, [1.0] * 12 + [0.0] * 18  # 12 won, 0 lost: p = 2 / 2^12
+    line, met = learning.learning_targets(*_rows(lemon, sft, lemon_reward=0.45, best_reward=0.40))
+    assert met and "not met" not in line, line

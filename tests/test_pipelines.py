@@ -129,8 +129,17 @@ def test_tiny_pipeline_runs_end_to_end_with_kfp_local(tmp_path: Path) -> None:
     records = (run / "iter-001" / "rollouts").glob("*.jsonl")
     assert sum(len(p.read_text().splitlines()) for p in records) == cfg.train.rollout.group_size
     summaries = {p.parent.name: json.loads(p.read_text()) for p in (run / "eval").glob("*/summary.json")}
-    assert set(summaries) == {"multiarith-lemon", "multiarith-cot"}
+    assert set(summaries) == {"multiarith-lemon", "multiarith-lemon-sft", "multiarith-cot@small"}
     assert all(s["n"] == 2 and "valid_rate" in s and "accuracy_ci_high" in s for s in summaries.values())
+    assert all(s["mean_reward"] is not None for s in summaries.values())  # the training reward of every method
+    assert summaries["multiarith-lemon"]["sampled_k"] == 1 and summaries["multiarith-lemon"]["sampled_reward"] <= 1.2
+    train_row = json.loads((run / "iter-001" / "train.json").read_text())
+    assert "probe/reward" in train_row and "probe/reward/multiarith" in train_row  # the probe set's curve
+    from lemon_core.cli_pipeline import results_table
+
+    table = results_table(str(run))
+    assert any(" lemon-sft " in line for line in table) and any(line.split()[1] == "lemon" and " p=" in line
+                                                                for line in table)
     html = (run / "report" / "report.html").read_text()
     assert "data:image/png;base64," in html and "multiarith" in html
     assert "<h2>SFT warm-up</h2>" in html and "valid-spec rate before" in html  # read from the run's sft.json

@@ -472,3 +472,23 @@ def test_an_orchestrator_is_placed_at_its_cost_with_its_own_call() -> None:
     assert _front_labels(rows) == {("multiarith", "cot")}
     (line,) = headlines(rows)
     assert "cost $5.5e-05/example (its own call $1e-05 of it)" in line
+
+
+def test_what_moved_panels_per_benchmark(tmp_path: Path) -> None:
+    """The per-benchmark breakdowns of rollout_metrics become one row of panels per benchmark; the overall capacity
+    stack keeps only the overall levels (a breakdown key is not a level)."""
+    from lemon_core.plots import choice_series, curve_series, plot_choices
+
+    rows = [{"step": s, "capacity/small": 1 - s / 4, "capacity/large": s / 4,
+             "capacity/multiarith/small": 1 - s / 2, "capacity/multiarith/large": s / 2,
+             "capacity/mmlu/small": 1.0, "capacity/mmlu/large": 0.0,
+             "shape/multiarith/single": 1.0, "shape/mmlu/chain2": 0.5, "shape/mmlu/single": 0.5,
+             "reward/multiarith": 0.1 * s, "probe/reward": 0.2 * s, "kl": 0.01 * s} for s in (1, 2)]
+    data = choice_series(rows)
+    assert set(data) == {"multiarith", "mmlu", "all"}
+    assert data["multiarith"]["capacity"]["large"] == ([1, 2], [0.5, 1.0])
+    assert set(data["mmlu"]["shape"]) == {"chain2", "single"} and data["mmlu"]["reward"] == {}
+    assert data["all"]["kl"]["kl"] == ([1, 2], [0.01, 0.02]) and "probe reward" in data["all"]
+    assert set(curve_series(rows)["capacity share"]) == {"small", "large"}
+    png = plot_choices(rows, tmp_path / "choices.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -111,6 +111,12 @@ class PipelineConfig(BaseModel):
     )
     tasks_per_shard: int = Field(2, ge=1, description="tasks each rollout pod takes from its shard")
     rollout_parallelism: int = Field(1, ge=1, description="rollout pods at once")
+    probe_tasks: int = Field(
+        0, ge=0, le=16,
+        description="validation tasks per benchmark sampled (G specs each, no edits, no update) at every GRPO "
+        "iteration with the policy of that iteration: their mean reward is a curve of the policy, not of the "
+        "step's task difficulty; 0 = off",
+    )
     node_cache: bool = Field(
         True, description="stages of a run on local disk share agent answers (<run>/node-cache): an identical "
         "call (same level, prompt, sampling, seed) is answered once per run; it is still charged its price")
