@@ -27,7 +27,7 @@ from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.sft import templated_spec
-from lemon_core.spec import parse_spec
+from lemon_core.spec_text import parse_spec
 
 
 def main() -> None:

@@ -69,7 +69,8 @@ def eval_command(
     from lemon_core.benchmarks import get as get_benchmark
     from lemon_core.evaluate import evaluate
     from lemon_core.pool import PoolError, load_pool
-    from lemon_core.spec import SpecError, parse_spec
+    from lemon_core.spec import SpecError
+    from lemon_core.spec_text import parse_spec
 
     try:
         the_pool = load_pool(pool)

@@ -34,8 +34,9 @@ def show_command(
              "colour scale by the pool's levels.")] = None,
 ) -> None:
     """Show a spec: its agents, their capacity levels and who reads whom, with the output agent marked."""
-    from lemon_core.spec import SpecError, parse_spec
+    from lemon_core.spec import SpecError
     from lemon_core.spec_picture import SpecPictureError, spec_text, write_spec_picture
+    from lemon_core.spec_text import parse_spec
 
     if not file.is_file():
         raise _fail(f"spec file {file} does not exist; pass the path of a YAML or JSON spec")

@@ -34,7 +34,8 @@ from enum import StrEnum
 
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import OrchestrationSpec, ParsedSpec
+from lemon_core.spec import OrchestrationSpec
+from lemon_core.spec_text import ParsedSpec
 
 
 class EditFamily(StrEnum):

@@ -56,7 +56,8 @@ from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
 from lemon_core.pool import CapacityPool
 from lemon_core.reward import RewardConfig, RewardTerms, compute_reward, trace_score
-from lemon_core.spec import OrchestrationSpec, ParsedSpec, SpecError, parse_spec, spec_json_schema
+from lemon_core.spec import OrchestrationSpec, SpecError, spec_json_schema
+from lemon_core.spec_text import ParsedSpec, parse_spec
 from lemon_core.stats import mean_interval
 from lemon_core.vllm_sampler import VLLMSampler
 

@@ -34,7 +34,8 @@ from lemon_core.policy import OrchestratorPolicy, SpecFormat, spec_completion
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.rollout import Scorer, benchmark_scorer, parse_completion
-from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, parse_spec, renumber_agents, validate_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, renumber_agents, validate_spec
+from lemon_core.spec_text import parse_spec
 from lemon_core.stats import wilson_interval
 from lemon_core.teachers import candidate_specs, sweep_candidates_text, sweep_report, sweep_teachers
 

@@ -21,7 +21,8 @@ from lemon_core.baselines import (
     tree,
 )
 from lemon_core.cli import app
-from lemon_core.spec import AgentSpec, OrchestrationSpec, parse_spec, render_spec, validate_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec, validate_spec
+from lemon_core.spec_text import parse_spec
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 

@@ -23,7 +23,8 @@ from lemon_core.counterfactual import (
 from lemon_core.executor import ExecutionCache, execute_specs
 from lemon_core.policy import spec_completion
 from lemon_core.pool import load_pool
-from lemon_core.spec import AgentSpec, OrchestrationSpec, parse_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec
+from lemon_core.spec_text import parse_spec
 
 POOL = load_pool("simulated")
 SPEC = OrchestrationSpec(

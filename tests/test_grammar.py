@@ -33,7 +33,8 @@ from lemon_core.grammar import (
 from lemon_core.policy import OrchestratorPolicy, pack, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, SpecLimits, parse_spec
+from lemon_core.spec import AgentSpec, OrchestrationSpec, SpecError, SpecLimits
+from lemon_core.spec_text import parse_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

@@ -14,7 +14,7 @@ from lemon_core.baselines import chain
 from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, pack, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import parse_spec
+from lemon_core.spec_text import parse_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

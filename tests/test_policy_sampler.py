@@ -27,7 +27,8 @@ from lemon_core.policy import OrchestratorPolicy, orchestrator_messages, spec_co
 from lemon_core.pool import load_pool
 from lemon_core.rollout import attach_sampler, parse_completion
 from lemon_core.sft import sft_pairs
-from lemon_core.spec import parse_spec, render_spec_json, spec_json_schema
+from lemon_core.spec import render_spec_json, spec_json_schema
+from lemon_core.spec_text import parse_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

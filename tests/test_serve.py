@@ -208,7 +208,8 @@ def test_docs_are_off_by_default_and_need_no_cdn(tmp_path: Path) -> None:
 
 # --- orchestrate ----------------------------------------------------------------------------------
 def test_a_json_trained_orchestrator_is_prompted_for_json_and_its_spec_runs(tmp_path: Path) -> None:
-    from lemon_core.spec import parse_spec, render_spec_json
+    from lemon_core.spec import render_spec_json
+    from lemon_core.spec_text import parse_spec
 
     json_spec = render_spec_json(parse_spec(SPEC).spec)
     with Harness(tmp_path, script=(json_spec,), spec_format="json") as h:

@@ -17,7 +17,7 @@ from lemon_core.policy import OrchestratorPolicy, spec_completion
 from lemon_core.pool import load_pool
 from lemon_core.roles import BASE_ROLES
 from lemon_core.sft import load_teacher, sft_loss, sft_pairs, sft_train, templated_spec
-from lemon_core.spec import parse_spec
+from lemon_core.spec_text import parse_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402

@@ -11,17 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import (
-    ID_RE,
-    AgentSpec,
-    OrchestrationSpec,
-    ParsedSpec,
-    SpecError,
-    SpecLimits,
-    parse_spec,
-    render_spec,
-    validate_spec,
-)
+from lemon_core.spec import ID_RE, AgentSpec, OrchestrationSpec, SpecError, SpecLimits, render_spec, validate_spec
+from lemon_core.spec_text import ParsedSpec, parse_spec
 
 LEVELS = ["small", "medium", "large"]
 

@@ -11,7 +11,8 @@ from test_spec import SPEC_YAML, agent, assert_spans_exact, spec_data
 from lemon_core import baselines
 from lemon_core.counterfactual import EditFamily, counterfactual_edits
 from lemon_core.pool import load_pool
-from lemon_core.spec import OrchestrationSpec, SpecError, parse_spec, render_spec, validate_spec
+from lemon_core.spec import OrchestrationSpec, SpecError, render_spec, validate_spec
+from lemon_core.spec_text import parse_spec
 
 LEVELS = ["small", "medium", "large"]
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from lemon_core.baselines import chain, complete_graph, cot, debate, self_consistency, tree
 from lemon_core.cli_spec import spec_app
-from lemon_core.spec import AgentSpec, parse_spec
+from lemon_core.spec import AgentSpec
 from lemon_core.spec_layout import layout, text_width
 from lemon_core.spec_picture import (
     PALETTE,
@@ -27,6 +27,7 @@ from lemon_core.spec_picture import (
     topology,
     write_spec_picture,
 )
+from lemon_core.spec_text import parse_spec
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -31,7 +31,8 @@ from lemon_core.policy import orchestrator_messages
 from lemon_core.pool import CapacityPool
 from lemon_core.prompts import PromptSettings, settings_for_model
 from lemon_core.serve.settings import ServeSettings
-from lemon_core.spec import ParsedSpec, SpecError, SpecLimits, parse_spec
+from lemon_core.spec import SpecError, SpecLimits
+from lemon_core.spec_text import ParsedSpec, parse_spec
 
 log = logging.getLogger(__name__)
 
