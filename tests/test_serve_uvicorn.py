@@ -9,6 +9,7 @@ loopback FAKE OpenAI server (a test double speaking the real wire protocol).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -188,6 +189,56 @@ def test_a_client_that_gives_up_frees_its_slot_and_is_not_run(tmp_path: Path) ->
         second.join(timeout=20)
         assert codes == [200, 200]  # the second was admitted, not refused with 429
         assert _task_texts(app) == ["task-first", "task-second"]  # the abandoned one never ran
+
+
+class Records(logging.Handler):
+    """Every record of the loggers it is attached to (uvicorn's do not reach pytest's caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def captured_logs(*names: str) -> Iterator[Records]:
+    handler = Records()
+    loggers = [logging.getLogger(n) for n in names]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_a_client_that_leaves_mid_batch_stops_its_work_without_a_traceback(tmp_path: Path) -> None:
+    # issue #42: after work.cancel() the task was not cancelled yet, so work.result() raised
+    # InvalidStateError: a 500 and "Exception in ASGI application"; the slot came back 5-6 s later
+    gate = threading.Event()  # the agent call would never finish on its own
+    app = doubles_app(tmp_path, gate=gate, max_concurrent_requests=1, batch_wait_ms=0)
+    service = app.state.service
+    small = service.pool.backend("small")
+    try:
+        with captured_logs("uvicorn.error", "lemon") as logs, serve_in_thread(app) as url:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{url}/v1/orchestrate", json={"task": "t"}, timeout=1.0,
+                           headers={"Authorization": f"Bearer {TOKEN}"})
+            left = time.monotonic()
+            while (service.limiter.active or service.batcher.running) and time.monotonic() - left < 5:
+                time.sleep(0.01)
+            freed = time.monotonic() - left
+            assert service.limiter.active == 0 and not service.batcher.running
+            assert freed < 1.0, f"the slot and the agent work came back {freed:.1f} s after the client left"
+            assert small.stopped == 1  # the agent call ended because nobody waited, not at the gate
+            assert httpx.get(f"{url}/healthz").status_code == 200
+    finally:
+        gate.set()
+    bad = [r for r in logs.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not bad, [r.getMessage() for r in bad]
 
 
 def gate_waiters(app: Any) -> bool:
