@@ -44,8 +44,8 @@ def _redacted_arg(value: Any) -> Any:
 
 def redact_record(record: logging.LogRecord) -> logging.LogRecord:
     """``record`` with credentials removed from its message, arguments and traceback (changed in place)."""
-    if isinstance(record.msg, str):
-        record.msg = redact(record.msg)
+    if isinstance(record.msg, str):  # a "%s" in the template's userinfo is an argument's place: left to the check below
+        record.msg = USERINFO.sub(lambda m: m[0] if "%" in m[0] else f"{m['scheme']}{MASK}@", record.msg)
     elif record.msg is not None and redact(str(record.msg)) != str(record.msg):
         record.msg = redact(str(record.msg))
     if isinstance(record.args, tuple):
