@@ -25,15 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import socket
-import statistics
 import sys
 import time
-from collections import Counter
 
 import httpx
-
-TOKEN = "bench-token-0123456789abcdef"
+from serve_common import TOKEN, TRANSPORT_ERROR, LoadStats, free_port, rss_mb, token_file, wait_ready
 
 
 def run_server(port: int, args: argparse.Namespace, token_file: str) -> None:
@@ -53,13 +49,6 @@ def run_server(port: int, args: argparse.Namespace, token_file: str) -> None:
                              log_level="warning", host="127.0.0.1", port=port)
     app = create_app(settings, pool=pool, orchestrator_backend=ScriptedOrchestrator([two_agent_spec()]))
     serve(app, settings)
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MB (Linux /proc)."""
-    with open(f"/proc/{pid}/status") as fh:
-        kb = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-    return kb / 1024
 
 
 async def unauth_attack(port: int, conns: int, pid: int) -> dict[str, float]:
@@ -92,8 +81,7 @@ async def unauth_attack(port: int, conns: int, pid: int) -> dict[str, float]:
             "rss_before_mb": before, "rss_with_conns_mb": peak}
 
 
-async def client(url: str, deadline: float, latencies: list[float], statuses: Counter[int], cid: int,
-                 ) -> None:
+async def client(url: str, deadline: float, stats: LoadStats, cid: int) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         k = 0
@@ -102,34 +90,22 @@ async def client(url: str, deadline: float, latencies: list[float], statuses: Co
             try:
                 task = f"client {cid} task {k}: what is 40 + 2?"
                 resp = await http.post("/v1/orchestrate", json={"task": task})
-                statuses[resp.status_code] += 1
+                stats.statuses[resp.status_code] += 1
                 if resp.status_code == 200:
-                    latencies.append(time.perf_counter() - t0)
+                    stats.latencies.append(time.perf_counter() - t0)
                 elif resp.status_code == 429:  # honour Retry-After, as a polite client would
                     await asyncio.sleep(min(float(resp.headers.get("retry-after", "1")), 1.0))
             except httpx.HTTPError:
-                statuses[-1] += 1
+                stats.statuses[TRANSPORT_ERROR] += 1
             k += 1
 
 
-async def load(url: str, clients: int, seconds: float) -> tuple[list[float], Counter[int], float]:
-    latencies: list[float] = []
-    statuses: Counter[int] = Counter()
+async def load(url: str, clients: int, seconds: float) -> LoadStats:
+    stats = LoadStats()
     start = time.perf_counter()
-    await asyncio.gather(*(client(url, start + seconds, latencies, statuses, i) for i in range(clients)))
-    return latencies, statuses, time.perf_counter() - start
-
-
-def wait_ready(url: str, timeout_s: float = 60) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"service at {url} did not become ready in {timeout_s} s")
+    await asyncio.gather(*(client(url, start + seconds, stats, i) for i in range(clients)))
+    stats.elapsed_s = time.perf_counter() - start
+    return stats
 
 
 def main() -> int:
@@ -148,16 +124,10 @@ def main() -> int:
     if not 1 <= args.clients <= 512 or not 0 < args.seconds <= 120:
         ap.error("--clients must be in 1..512 and --seconds in (0, 120]")
 
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".tokens", delete=False) as fh:
-        fh.write(TOKEN + "\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = multiprocessing.get_context("spawn").Process(
-        target=run_server, args=(port, args, fh.name), daemon=True)
+        target=run_server, args=(port, args, token_file()), daemon=True)
     server.start()
     try:
         wait_ready(url)
@@ -166,23 +136,20 @@ def main() -> int:
             print(f"unauthenticated connections={args.unauth_conns} (64 KB - 1 of a 64 KB body each, then stall)")
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in found.items()))
             return 0
-        latencies, statuses, elapsed = asyncio.run(load(url, args.clients, args.seconds))
+        stats = asyncio.run(load(url, args.clients, args.seconds))
     finally:
         server.terminate()
         server.join(timeout=10)
 
-    ok = statuses.get(200, 0)
-    errors = sum(n for code, n in statuses.items() if code != 200)
-    q = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else [float("nan")] * 99
+    errors = stats.errors()
     print("backends: TEST DOUBLES (scripted orchestrator + echo agents), not models; loopback uvicorn")
-    print(f"clients={args.clients} seconds={elapsed:.1f} limit={args.max_concurrent} "
+    print(f"clients={args.clients} seconds={stats.elapsed_s:.1f} limit={args.max_concurrent} "
           f"agent_latency_ms={args.agent_latency_ms:g} batch_max_size={args.batch_max_size} "
           f"batch_wait_ms={args.batch_wait_ms:g}")
-    by_status = dict(sorted(statuses.items()))
-    print(f"requests={sum(statuses.values())} ok={ok} errors={errors} by_status={by_status}")
-    print(f"latency_p50_ms={q[49] * 1000:.1f} latency_p99_ms={q[98] * 1000:.1f}")
+    print(f"{stats.status_line()} errors={errors}")
+    print(f"latency_p50_ms={stats.quantile_ms(50):.1f} latency_p99_ms={stats.quantile_ms(99):.1f}")
     unbatched = 1000 / (2 * args.agent_latency_ms) if args.agent_latency_ms else float("inf")
-    print(f"throughput_rps={ok / elapsed:.1f} (an unbatched server: at most {unbatched:.1f})")
+    print(f"throughput_rps={stats.throughput:.1f} (an unbatched server: at most {unbatched:.1f})")
     if args.clients <= args.max_concurrent and errors:
         print(f"FAIL: {errors} errors below the concurrency limit", file=sys.stderr)
         return 1

@@ -193,7 +193,9 @@ def main() -> None:
     """The ``lemon`` entry point: a problem the user can fix (``LemonError``: a bad config field, a missing
     file, an unknown pool) is one red line and exit code 2, never a stack trace."""
     from lemon_core.errors import LemonError
+    from lemon_core.redact import install_log_redaction
 
+    install_log_redaction()  # a base_url's user:password@ never reaches a log line (lemon_core/redact.py)
     try:
         code = app(standalone_mode=False)
     except LemonError as e:

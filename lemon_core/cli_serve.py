@@ -70,6 +70,7 @@ def serve_command(
     /readyz, /metrics. Every setting also reads LEMON_<NAME> from the environment."""
     from lemon_core.backends.base import BackendError
     from lemon_core.pool import PoolError
+    from lemon_core.redact import install_log_redaction
     from lemon_core.serve.app import create_app
     from lemon_core.serve.auth import AuthError
     from lemon_core.serve.settings import load_settings
@@ -84,6 +85,7 @@ def serve_command(
             batch_wait_ms=batch_wait_ms, log_level=log_level.lower() if log_level else None,
             shutdown_grace_s=shutdown_grace_s,
         )
+        install_log_redaction()  # before any handler exists: no credential reaches a log line
         logging.basicConfig(level=settings.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if settings.allow_unauthenticated:
@@ -109,6 +111,9 @@ def server_config(app: FastAPI, settings: ServeSettings) -> uvicorn.Config:
 
 def run_server(app: FastAPI, settings: ServeSettings, sockets: list[socket.socket] | None = None) -> None:
     """Run ``app`` until SIGTERM/SIGINT, then drain it within ``settings.shutdown_grace_s``."""
+    from lemon_core.redact import install_log_redaction
+
+    install_log_redaction()  # uvicorn's access and error logs, httpx's request log: no credentials
     DrainingServer(server_config(app, settings), app, settings.shutdown_grace_s).run(sockets=sockets)
 
 

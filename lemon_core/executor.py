@@ -13,6 +13,10 @@ a counterfactual.
 
 One agent failing (backend timeout, server error) is recorded on its trace; its descendants are
 skipped, the spec's answer is empty and ``Trace.error`` says why. The batch goes on.
+
+A task may carry ``stop`` (an event; the service sets it when the client went away): its agents' requests
+carry it to the backends, which end them early, and once it is set the task's remaining levels are
+skipped, so an abandoned task stops costing compute while the other specs of the batch go on.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from lemon_core.backends.base import Completion, GenerationRequest
+from lemon_core.backends.base import STOPPED, Completion, GenerationRequest, StopSignal
 from lemon_core.pool import CapacityPool
 from lemon_core.prompts import agent_messages
 from lemon_core.roles import ANSWERING_ROLES
@@ -51,6 +55,7 @@ class Task:
     question: str
     answer_format: str = ""
     team_answer_format: str = ""  # "" means answer_format
+    stop: StopSignal | None = field(default=None, compare=False, repr=False)  # set: the answer is not wanted
 
 
 @dataclass
@@ -192,8 +197,9 @@ class ExecutionCache:
 
 def _request_row(request: GenerationRequest) -> dict[str, object]:
     """The JSON form of a grammar-free request (what ``ExecutionCache._load`` reads back): every field of
-    the dataclass, so a field added to ``GenerationRequest`` is part of the persisted key too."""
-    return {k: v for k, v in asdict(request).items() if k != "grammar"}
+    the request's identity, so a field added to ``GenerationRequest`` is part of the persisted key too. Not
+    ``asdict``: it would deep-copy ``stop`` (an event holding a lock), which is no part of the identity."""
+    return {f.name: getattr(request, f.name) for f in fields(request) if f.compare and f.name != "grammar"}
 
 
 def call_key(capacity: str, request: GenerationRequest) -> str:
@@ -268,14 +274,19 @@ def execute_specs(
         for i, levels in enumerate(spec_levels):
             if k >= len(levels):
                 continue
+            stop = getattr(tasks[i], "stop", None)
             for agent in levels[k]:
+                if stop is not None and stop.is_set():
+                    failed[i].add(agent.id)
+                    traces[i].agents.append(AgentTrace(agent.id, agent.capacity, "", "", error=STOPPED))
+                    continue
                 bad_parents = [p for p in agent.depends_on if p in failed[i]]
                 if bad_parents:
                     failed[i].add(agent.id)
                     traces[i].agents.append(AgentTrace(
                         agent.id, agent.capacity, "", "", error=f"skipped: parent {bad_parents[0]!r} failed"))
                     continue
-                request = build_request(agent, specs[i], tasks[i], outputs[i], pool, seed)
+                request = replace(build_request(agent, specs[i], tasks[i], outputs[i], pool, seed), stop=stop)
                 groups[agent.capacity].append((i, agent, request))
 
         for capacity, group in groups.items():
@@ -326,7 +337,8 @@ def _run_group(
         else:
             pending.setdefault(req, []).append(j)
     if pending:
-        unique = list(pending)
+        # a call shared by several specs may stop only when every one of them stopped
+        unique = [replace(req, stop=_all_of([requests[j].stop for j in js])) for req, js in pending.items()]
         start = time.perf_counter()
         completions = pool.backend(capacity).generate(unique)
         if len(completions) != len(unique):
@@ -344,6 +356,24 @@ def _run_group(
             for j in dupes:  # the same call made by another spec: served once, counted once
                 results[j], was_cached[j] = completion, True
     return [r for r in results if r is not None], was_cached
+
+
+class _AllSet:
+    """Set once every one of ``signals`` is set."""
+
+    def __init__(self, signals: Sequence[StopSignal]) -> None:
+        self.signals = signals
+
+    def is_set(self) -> bool:
+        return all(s.is_set() for s in self.signals)
+
+
+def _all_of(signals: Sequence[StopSignal | None]) -> StopSignal | None:
+    """One stop signal for a call several owners share: None when any owner never stops."""
+    if any(s is None for s in signals):
+        return None
+    unique = list({id(s): s for s in signals if s is not None}.values())
+    return unique[0] if len(unique) == 1 else _AllSet(unique)
 
 
 DEFAULT_ANSWER_FORMAT = "Give your final answer clearly."  # a bare-string task, or one without a format

@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH) not in sys.path:  # scripts import their shared helpers (serve_common) as a script run would
+    sys.path.append(str(BENCH))
 
 
 def load_bench(script: str, name: str) -> ModuleType:

@@ -15,11 +15,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from lemon_core.backends.base import BackendError, GenerationRequest
+from lemon_core.backends.base import STOPPED, UNAVAILABLE, BackendError, GenerationRequest
 from lemon_core.backends.openai_http import OpenAIBackend
 
 
@@ -174,6 +175,32 @@ def test_timeout_gives_error_completion_and_others_survive(server: FakeOpenAI) -
     b.close()
     assert not slow.ok and "timed out" in slow.error and slow.text == ""
     assert fast.ok and fast.text == "echo: f"
+
+
+def test_a_stopped_request_is_dropped_in_flight_and_not_sent_when_stopped_before(server: FakeOpenAI) -> None:
+    # issue #42: the agent work of a request whose client went away must stop, not only its slot
+    stop = threading.Event()
+    b = backend_for(server, timeout_s=30)
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    slow, fast = b.generate([replace(req("s sleep=3"), stop=stop), req("f")])
+    took = time.monotonic() - t0
+    again = b.generate([replace(req("never sent"), stop=stop)])[0]
+    b.close()
+    assert slow.error == STOPPED and fast.ok and fast.text == "echo: f"
+    assert took < 1.5, f"the stopped call was waited for {took:.1f} s"
+    assert again.error == STOPPED and "never sent" not in server.attempts
+
+
+def test_errors_never_name_the_credentials_of_base_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    b = OpenAIBackend(base_url=f"http://user:s3cret@127.0.0.1:{port}/v1", model="m", max_retries=0)
+    [c] = b.generate([req("hello")])
+    b.close()
+    assert c.error is not None and c.error.startswith(UNAVAILABLE)
+    assert "s3cret" not in c.error and f"http://***@127.0.0.1:{port}/v1" in c.error
 
 
 def test_client_error_is_not_retried(server: FakeOpenAI) -> None:

@@ -5,7 +5,9 @@ Llama/Qwen2, ``fused_decoder.py``) and transformers' own (every other model)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 from tiny_models import build_tiny_chat_model  # tests/ is on sys.path (pytest rootdir-less import)
 
-from lemon_core.backends.base import BackendError, GenerationRequest
+from lemon_core.backends.base import STOPPED, BackendError, GenerationRequest
 from lemon_core.backends.packed_linear import PackedLinear
 from lemon_core.backends.transformers_backend import TransformersBackend
 
@@ -101,6 +103,32 @@ def test_finished_rows_leave_the_batch_and_the_others_write_the_same(backend: Tr
     assert batched[2].text == "" and batched[2].completion_tokens <= 1
     assert widths[0] == 4 and widths[1] == 3 and widths[-1] == 1  # the 0-token row goes first, then the 3
     assert widths == sorted(widths, reverse=True) and len(widths) <= 12
+
+
+def test_a_stopped_row_leaves_the_batch_at_the_next_step_and_the_others_write_the_same(
+        backend: TransformersBackend) -> None:
+    """issue #42: a request nobody waits for (``stop`` set mid-decode, as the service does when its client
+    goes away) ends at the next step with the STOPPED error; the rows beside it are untouched."""
+    stop = threading.Event()
+    reqs = [replace(r, stop=stop) if k == 1 else r for k, r in enumerate(greedy(max_tokens=12))]
+    widths: list[int] = []
+
+    def step(input_ids: torch.Tensor) -> None:
+        widths.append(input_ids.shape[0])
+        if len(widths) == 3:
+            stop.set()
+
+    undo = before_each_forward(backend, step)
+    try:
+        batched = backend.generate(reqs)
+    finally:
+        undo()
+    assert batched[1].error == STOPPED and batched[1].text == "" and not batched[1].ok
+    others = [r for k, r in enumerate(reqs) if k != 1]
+    alone = [backend.generate([r])[0] for r in others]
+    assert [c.text for k, c in enumerate(batched) if k != 1] == [c.text for c in alone]
+    assert len(reqs) in widths[:3] and widths[3] < widths[2]  # it left at the step after the stop
+    assert backend.generate([replace(reqs[0], stop=stop)])[0].error == STOPPED  # stopped before: not run
 
 
 def test_token_counts(backend: TransformersBackend) -> None:

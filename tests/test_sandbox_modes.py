@@ -371,3 +371,36 @@ print("verdicts", solved.passed, faked.passed)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.mark.skipif(not MODES, reason="no safe sandbox mode works here")
+def test_an_interpreter_under_tmp_runs_in_the_sandbox(tmp_path: Path) -> None:
+    # issue #42: the interpreter's folders were bound into the root and then hidden under the fresh /tmp
+    # tmpfs, so a virtualenv under /tmp (CI, notebooks) failed every completion with "no safe sandbox
+    # mode works here (namespaces: FileNotFoundError ... /tmp/.../python)"
+    venv = Path(tempfile.mkdtemp(prefix="lemon-venv-", dir="/tmp"))
+    venv.chmod(0o755)  # as `python -m venv /tmp/x` leaves it (mkdtemp's 0700 would shut the dropped uid out)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+        shutil.copy(sandbox.__file__, venv / "sandbox_copy.py")  # standalone: this venv has no lemon
+        script = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sbx", {str(venv / "sandbox_copy.py")!r})
+sbx = importlib.util.module_from_spec(spec)
+sys.modules["sbx"] = sbx
+spec.loader.exec_module(sbx)
+print("prefix", sys.prefix)
+print("mode", sbx.sandbox_mode())
+ran = sbx.run_python("import sys\\nprint('inside', sys.prefix)")
+print("ran", ran.passed, ran.stdout_tail.strip(), ran.stderr_tail.strip()[-300:])
+solved = sbx.run_tests("def f(x):\\n    return x + 1\\n", "def check(c):\\n    assert c(1) == 2\\n", "f")
+print("verdict", solved.passed)
+"""
+        run = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True,
+                             timeout=120, cwd=venv)
+        assert f"prefix {venv}" in run.stdout, run.stdout + run.stderr  # really an interpreter under /tmp
+        assert f"mode {MODES[0]}" in run.stdout, run.stdout + run.stderr
+        assert f"ran True inside {venv}" in run.stdout, run.stdout + run.stderr
+        assert "verdict True" in run.stdout, run.stdout + run.stderr
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)

@@ -7,6 +7,11 @@ batch (transformers: one padded forward pass; HTTP: concurrent requests; vLLM: o
 A backend never raises for one bad request: it returns a ``Completion`` with ``error`` set, so a
 single failing agent yields a failed trace instead of a crashed batch. It raises ``BackendError``
 only for failures that make the whole backend unusable (model missing, server unreachable at start).
+
+A request may carry ``stop``, an event its owner sets when nobody will read the answer any more (the
+service's client went away): backends check it while they work (each decode step, before and during an
+HTTP call) and end such a request early with ``STOPPED`` as its error, so an abandoned request stops
+costing compute instead of running to its token cap.
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+STOPPED = "stopped: nobody waits for this answer any more"
+UNAVAILABLE = "backend unavailable: "  # the start of an error from a backend that did not answer at all
+
+
+class StopSignal(Protocol):
+    """What ``GenerationRequest.stop`` must offer: ``threading.Event`` fits."""
+
+    def is_set(self) -> bool: ...
 
 
 class BackendError(RuntimeError):
@@ -30,6 +44,12 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     grammar: Any = None  # a grammar.SpecGrammar: the completion must be a spec of that language (orchestrator)
+    # set when the answer is no longer wanted; not part of the request's identity (cache keys, dedup)
+    stop: StopSignal | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
 
     @staticmethod
     def chat(

@@ -13,6 +13,10 @@ A reply's ``usage`` is bookkeeping, not the answer: a missing, negative or non-n
 Retries: 429, 5xx and connection failures are retried with exponential backoff and jitter, honouring
 ``Retry-After``. Read timeouts are not retried: a request that outlived ``timeout_s`` once will most
 likely do so again, and retrying would multiply the wait of the whole DAG level.
+
+A request whose ``stop`` is set (its client went away) is not sent, and one in flight is abandoned
+within ``STOP_POLL_S``: the connection is dropped, which vLLM takes as the end of that request.
+Error messages name the server without any ``user:password@`` of ``base_url``, since they reach logs.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from typing import Any
 
 import httpx
 
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest
+from lemon_core.backends.base import STOPPED, UNAVAILABLE, BackendError, Completion, GenerationRequest
+from lemon_core.redact import redact
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+STOP_POLL_S = 0.1  # how often a request in flight checks whether it is still wanted
 
 
 class OpenAIBackend:
@@ -60,6 +66,7 @@ class OpenAIBackend:
             )
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
+        self.shown_url = redact(self.url)  # what error messages name
         self.model = model
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
@@ -133,27 +140,43 @@ class OpenAIBackend:
         async with self._semaphore:
             for attempt in range(self.max_retries + 1):
                 last = attempt == self.max_retries
+                if request.stopped:
+                    return _failed(STOPPED, t0)
                 try:
-                    resp = await self._client.post(self.url, json=self.payload(request), headers=self.headers)
+                    resp = await self._post_unless_stopped(request)
                 except httpx.TimeoutException as e:
                     if isinstance(e, httpx.ConnectTimeout) and not last:
                         await asyncio.sleep(self._backoff(attempt))
                         continue
-                    why = f"request to {self.url} timed out after {self.timeout_s} s ({type(e).__name__})"
-                    return _failed(why, t0)
+                    why = f"request to {self.shown_url} timed out after {self.timeout_s} s ({type(e).__name__})"
+                    return _failed(UNAVAILABLE + why, t0)
                 except httpx.TransportError as e:  # refused, DNS, reset: the server is not there
                     if not last:
                         await asyncio.sleep(self._backoff(attempt))
                         continue
                     return _failed(
-                        f"cannot reach {self.base_url} (is the server running? check base_url): "
-                        f"{type(e).__name__}: {e}", t0,
+                        f"{UNAVAILABLE}cannot reach {redact(self.base_url)} (is the server running? "
+                        f"check base_url): {type(e).__name__}: {redact(str(e))}", t0,
                     )
+                if resp is None:
+                    return _failed(STOPPED, t0)
                 if resp.status_code in RETRY_STATUS and not last:
                     await asyncio.sleep(self._backoff(attempt, resp.headers.get("retry-after")))
                     continue
                 return _parse(resp, t0, attempts=attempt + 1)
         raise AssertionError("unreachable: the last attempt always returns")
+
+    async def _post_unless_stopped(self, request: GenerationRequest) -> httpx.Response | None:
+        """The server's response, or None once ``request.stop`` is set (the call in flight is dropped)."""
+        assert self._client is not None
+        post = asyncio.ensure_future(self._client.post(self.url, json=self.payload(request), headers=self.headers))
+        while not post.done():
+            await asyncio.wait((post,), timeout=STOP_POLL_S if request.stop is not None else None)
+            if not post.done() and request.stopped:
+                post.cancel()
+                await asyncio.wait((post,))
+                return None
+        return post.result()
 
     def _backoff(self, attempt: int, retry_after: str | None = None) -> float:
         """Seconds to wait: the server's Retry-After when given, else base * 2^attempt with +-50% jitter."""
@@ -186,7 +209,7 @@ def _parse(resp: httpx.Response, t0: float, attempts: int) -> Completion:
     latency = time.perf_counter() - t0
     if resp.status_code != 200:
         hint = " (does base_url end with the API prefix, e.g. /v1?)" if resp.status_code == 404 else ""
-        why = f"HTTP {resp.status_code} from {resp.request.url}{hint}: {resp.text[:300]}"
+        why = f"HTTP {resp.status_code} from {redact(str(resp.request.url))}{hint}: {resp.text[:300]}"
         return Completion("", latency_s=latency, error=why)
     try:
         data = resp.json()

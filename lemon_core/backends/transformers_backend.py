@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from lemon_core.backends.base import BackendError, Completion, GenerationRequest, LoopStop
+from lemon_core.backends.base import STOPPED, BackendError, Completion, GenerationRequest, LoopStop
 from lemon_core.backends.cpu_allocator import keep_heap_pad
 from lemon_core.backends.fused_decoder import FusedDecoder, fused_decoder_refusal, token_positions
 from lemon_core.backends.kv_cache import reserved_kv_cache
@@ -162,6 +162,9 @@ class TransformersBackend:
         out: list[Completion] = []
         for i in range(0, len(requests), self.max_batch_size):
             chunk = list(requests[i : i + self.max_batch_size])
+            if all(r.stopped for r in chunk):  # nobody waits for these any more
+                out.extend(Completion("", error=STOPPED) for _ in chunk)
+                continue
             try:
                 out.extend(self._generate_batch(chunk))
             except Exception as e:  # a broken batch must not crash the executor: fail its rows
@@ -205,7 +208,7 @@ class TransformersBackend:
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         generators = [_generator(r.seed if r.seed is not None else self.seed) for r in requests]
         new_tokens: list[list[int]] = [[] for _ in requests]
-        ended_by: list[str] = ["length"] * n  # "eos", "loop" or "length" (the request's max_tokens)
+        ended_by: list[str] = ["length"] * n  # "eos", "loop", "stopped" or "length" (the request's max_tokens)
         grammar, seq = self._grammar_processor(requests), input_ids
         in_batch = list(range(n))  # the request of each row of the running batch (and of the KV cache)
 
@@ -230,6 +233,9 @@ class TransformersBackend:
             going = []  # batch rows that write another token
             for i, (row, tok) in enumerate(zip(in_batch, picks, strict=True)):
                 if requests[row].max_tokens <= 0:
+                    continue
+                if requests[row].stopped:  # its answer is no longer wanted: the row leaves the batch now
+                    ended_by[row] = "stopped"
                     continue
                 if tok in self.eos_ids:
                     ended_by[row] = "eos"
@@ -261,12 +267,13 @@ class TransformersBackend:
         latency = (time.perf_counter() - t0) / n  # rows share one pass; charge each an equal share
         return [
             Completion(
-                text=self.tokenizer.decode(toks, skip_special_tokens=True),
+                text="" if end == "stopped" else self.tokenizer.decode(toks, skip_special_tokens=True),
                 prompt_tokens=len(prompt),
                 completion_tokens=len(toks) + (1 if end == "eos" else 0),  # + eos
                 latency_s=latency,
                 looped=end == "loop",
                 extra={"batch_size": n},
+                error=STOPPED if end == "stopped" else None,
             )
             for prompt, toks, end in zip(prompts, new_tokens, ended_by, strict=True)
         ]

@@ -274,11 +274,13 @@ def build_root(root):
     # Only what the interpreter needs: the program never sees datasets, home dirs or mounted secrets.
     size = f"size={cfg['tmpfs_bytes']}"
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=755")
-    for path in cfg["binds"]:
-        expose(path, root)
+    # scratch first, binds after: an interpreter under /tmp (a CI or notebook virtualenv) must be bound
+    # onto the fresh /tmp, not hidden under it
     for scratch in ("/tmp", "/var/tmp", "/dev/shm"):
         os.makedirs(root + scratch, exist_ok=True)
         mount("tmpfs", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
+    for path in cfg["binds"]:
+        expose(path, root)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")

@@ -31,9 +31,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lemon_core.backends.base import Backend
+from lemon_core.backends.base import UNAVAILABLE, Backend
 from lemon_core.metrics import SERVICE_PARTS, LemonMetrics, exposition, new_registry
 from lemon_core.pool import CapacityPool, load_pool
+from lemon_core.redact import redact
 from lemon_core.serve.auth import TokenAuth
 from lemon_core.serve.batcher import MicroBatcher, ShuttingDown
 from lemon_core.serve.limits import AuthGate, BodySizeLimit, ConcurrencyLimiter, error_body
@@ -361,29 +362,43 @@ async def _run(service: Service, job: Job, request: Request) -> JobResult:
         log.warning("team execution failed: %s", trace.error)
         failed = next((a for a in trace.agents if a.error and not a.error.startswith("skipped")), None)
         where = f"agent {failed.agent_id!r} (capacity {failed.capacity!r})" if failed else "an agent"
+        if failed is not None and failed.error and failed.error.startswith(UNAVAILABLE):
+            raise ApiError(503, "backend_unavailable", f"{where} got no answer from its model server, so the "
+                           f"team has no answer; retry after {s.retry_after_s} s",
+                           headers={"Retry-After": str(s.retry_after_s)})
         raise ApiError(502, "execution_failed", f"{where} failed, so the team has no answer; see server logs")
     return result
 
 
 async def _submit_unless_gone(service: Service, job: Job, request: Request) -> JobResult:
-    """The job's result, or cancellation as soon as the client disconnects (its slot is freed then)."""
+    """The job's result, or 499 as soon as the client disconnects (its slot is freed then, and
+    ``job.abandoned`` tells the batch and the backends to stop its work).
+
+    ``Task.cancel()`` only *requests* cancellation: the task is not cancelled until the loop has run it
+    once more, and asking for its result before then raises ``InvalidStateError`` (a 500 with a
+    traceback in the log). So a cancelled ``work`` is awaited before anything is decided from it.
+    """
     work = asyncio.ensure_future(service.batcher.submit(job))
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watch.cancel()
-        if not work.done():  # the client went away, or this handler itself was cancelled (shutdown)
+        # also when this handler itself is cancelled (shutdown): nothing may keep running for it
+        if not work.done():
             job.abandoned.set()
             work.cancel()
+        watch.cancel()
+        await asyncio.wait((work, watch))  # both settle within one loop turn: they only await futures
     if work.cancelled():
         log.info("client went away; request cancelled")
         raise ApiError(499, "client_closed_request", "the client closed the connection")
-    try:
-        return work.result()
-    except ShuttingDown:
+    error = work.exception()
+    if isinstance(error, ShuttingDown):
         raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
-                       headers={"Retry-After": str(service.settings.retry_after_s)}) from None
+                       headers={"Retry-After": str(service.settings.retry_after_s)})
+    if error is not None:
+        raise error
+    return work.result()
 
 
 async def _disconnected(request: Request) -> None:
@@ -509,16 +524,11 @@ async def _probe(client: httpx.AsyncClient, base_url: str, headers: dict[str, st
     try:
         resp = await client.get(f"{base_url}/models", headers=headers)
     except httpx.HTTPError as e:
-        log.warning("readiness: %s/models unreachable: %s", _redact_userinfo(base_url), type(e).__name__)
+        log.warning("readiness: %s/models unreachable: %s", redact(base_url), type(e).__name__)
         return {"ok": False, "detail": f"server unreachable ({type(e).__name__})"}
     if resp.status_code != 200:
-        log.warning("readiness: GET %s/models -> HTTP %d", _redact_userinfo(base_url), resp.status_code)
+        log.warning("readiness: GET %s/models -> HTTP %d", redact(base_url), resp.status_code)
     return {"ok": resp.status_code == 200, "detail": f"GET /models -> HTTP {resp.status_code}"}
-
-
-def _redact_userinfo(url: str) -> str:
-    """``url`` without ``user:password@`` (for the log)."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

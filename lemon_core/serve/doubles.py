@@ -4,7 +4,9 @@
 the request), so the HTTP layer, batching, re-sampling and limits can be checked without a trained
 model. ``EchoAgent`` plays one capacity level: it answers "The answer is 42." with fixed token counts
 and can wait (``delay_s`` per batch, or until an event is set) or fail, to test concurrency and
-error paths. Anything built on them reports itself as a test double.
+error paths; while it waits it honours ``GenerationRequest.stop`` like a real backend (a batch whose
+requests are all stopped returns at once, with ``STOPPED`` errors). Anything built on them reports
+itself as a test double.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from lemon_core.backends.base import Completion, GenerationRequest
+from lemon_core.backends.base import STOPPED, Completion, GenerationRequest
 from lemon_core.spec import AgentSpec, OrchestrationSpec, render_spec
 
 
@@ -62,17 +64,33 @@ class EchoAgent:
         self.gate = gate
         self.error = error
         self.requests: list[GenerationRequest] = []
+        self.stopped = 0  # requests answered STOPPED
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         self.requests.extend(requests)
-        if self.gate is not None:
-            self.gate.wait(timeout=30)
-        if self.delay_s:
-            time.sleep(self.delay_s)  # one batched forward pass: the same wait for 1 or 100 requests
-        if self.error:
-            return [Completion("", latency_s=self.delay_s, error=self.error) for _ in requests]
-        return [Completion(f"[{self.name}] The answer is 42.", 10, self.tokens, self.delay_s or 0.001)
-                for _ in requests]
+        self._wait(requests)
+        out = []
+        for req in requests:
+            if req.stopped:
+                self.stopped += 1
+                out.append(Completion("", error=STOPPED))
+            elif self.error:
+                out.append(Completion("", latency_s=self.delay_s, error=self.error))
+            else:
+                out.append(Completion(f"[{self.name}] The answer is 42.", 10, self.tokens, self.delay_s or 0.001))
+        return out
+
+    def _wait(self, requests: Sequence[GenerationRequest]) -> None:
+        """The gate, then ``delay_s`` (one batched forward pass: the same wait for 1 or 100 requests), in short
+        steps that end early once every request of the batch is stopped."""
+        deadline = time.monotonic() + 30
+        while self.gate is not None and not self.gate.is_set() and time.monotonic() < deadline:
+            if all(r.stopped for r in requests):
+                return
+            self.gate.wait(0.01)
+        end = time.monotonic() + self.delay_s
+        while (left := end - time.monotonic()) > 0 and not all(r.stopped for r in requests):
+            time.sleep(min(left, 0.01))
 
     def close(self) -> None:
         pass

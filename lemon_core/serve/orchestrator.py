@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from lemon_core.backends.base import Backend, Completion, GenerationRequest
+from lemon_core.backends.base import STOPPED, Backend, Completion, GenerationRequest
 from lemon_core.executor import Task, Trace, execute_specs
 from lemon_core.metrics import LemonMetrics
 from lemon_core.models import ModelError, resolve_model
@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 class Job:
     """One request's work: the task, how the answer must look, and its budget.
 
-    ``abandoned`` is set by the HTTP layer when the client went away: the batch then skips the job's
-    re-sample and its execution, so nobody pays for an answer no one will read.
+    ``abandoned`` is set by the HTTP layer when the client went away. Every model call made for the job
+    carries it as ``GenerationRequest.stop``: a decode in progress drops the job's rows at its next step,
+    an HTTP call in flight is dropped, and the batch skips the job's re-sample and its remaining agents,
+    so nobody pays for an answer no one will read while the other jobs of the batch go on.
     """
 
     task: str
@@ -138,7 +140,8 @@ class Orchestrator:
         self.settings = settings
         self.metrics = metrics
 
-    def request(self, task: str, seed: int, temperature: float, max_agents: int | None = None) -> GenerationRequest:
+    def request(self, task: str, seed: int, temperature: float, max_agents: int | None = None,
+                stop: threading.Event | None = None) -> GenerationRequest:
         s = self.settings
         msgs = orchestrator_messages(task, self.pool, s.include_roles, s.include_format, s.spec_format)
         grammar = None
@@ -151,7 +154,7 @@ class Orchestrator:
             grammar = spec_grammar(self.pool.level_names, s.spec_format, limits, sequential_ids=True)
         return GenerationRequest(messages=tuple((m["role"], m["content"]) for m in msgs),
                                  max_tokens=s.orchestrator_max_tokens, temperature=temperature, seed=seed,
-                                 grammar=grammar)
+                                 grammar=grammar, stop=stop)
 
     def write_specs(self, jobs: Sequence[Job]) -> list[SpecOutcome]:
         s = self.settings
@@ -162,7 +165,7 @@ class Orchestrator:
             if not todo:
                 break
             completions = self.backend.generate(
-                [self.request(jobs[i].task, seed, temperature, jobs[i].max_agents) for i in todo])
+                [self.request(jobs[i].task, seed, temperature, jobs[i].max_agents, jobs[i].abandoned) for i in todo])
             if len(completions) != len(todo):
                 raise RuntimeError(f"orchestrator backend returned {len(completions)} completions "
                                    f"for {len(todo)} requests")
@@ -177,6 +180,9 @@ class Orchestrator:
         out.prompt_tokens += completion.prompt_tokens
         out.completion_tokens += completion.completion_tokens
         out.latency_s += completion.latency_s
+        if completion.error == STOPPED:  # the client went away: not a failure of the orchestrator
+            out.error, out.error_type = "the client went away", "abandoned"
+            return
         if not completion.ok:
             log.warning("orchestrator call failed (attempt %d): %s", attempt, completion.error)
             out.error = "the orchestrator model did not answer; see server logs"
@@ -210,7 +216,8 @@ def run_jobs(orchestrator: Orchestrator, jobs: Sequence[Job]) -> list[JobResult]
     if ok:
         traces = execute_specs(
             [outcomes[i].parsed.spec for i in ok],  # type: ignore[union-attr]
-            [Task(jobs[i].task, jobs[i].answer_format, jobs[i].team_answer_format) for i in ok],
+            [Task(jobs[i].task, jobs[i].answer_format, jobs[i].team_answer_format, stop=jobs[i].abandoned)
+             for i in ok],
             orchestrator.pool, seed=orchestrator.settings.seed,
         )
         t2 = time.perf_counter()
