@@ -410,8 +410,8 @@ async def _disconnected(request: Request) -> None:
 
 
 def _add_picture(response: OrchestrateResponse, result: JobResult, levels: list[str]) -> None:
-    """The spec as SVG (the same picture the report and `lemon spec show` draw); a missing Graphviz is
-    reported in ``picture_error``, never a failed request."""
+    """The spec as SVG (the same picture the report and `lemon spec show` draw); a spec the picture cannot be drawn
+    for is reported in ``picture_error``, never a failed request."""
     from lemon_core.spec_picture import SpecPictureError, spec_svg
 
     assert result.spec.parsed is not None
