@@ -321,3 +321,36 @@ def test_make_run_pull_fetches_nothing_where_the_data_is_at_hand(tmp_path: Path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "multiarith: already available at" in result.stdout and "nothing to pull" in result.stdout
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_fresh_clone_without_the_shared_folder_runs_the_main_job_from_pulled_data(
+        tmp_path: Path, server: DataServer) -> None:
+    """`make run`'s two steps, data then pipeline, in processes of their own with no $LEMON_DATA_DIR and no shared
+    folder: the data comes from the loopback server into an empty cache, and the pipeline (CI-sized) runs to the
+    report reading it from there."""
+    from lemon_core.models import cache_root
+
+    models = cache_root() / "models"
+    if not all((models / m).is_dir() for m in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")):
+        pytest.skip("CPU pool models not pulled; run `lemon models pull` (.ci/run does)")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(models)  # the models as `lemon models pull` left them; the data cache empty
+    env = {k: v for k, v in os.environ.items() if k != "LEMON_DATA_DIR"}
+    env |= {"LEMON_CACHE_DIR": str(cache), "LEMON_DATA_BASE_URL": server.url, "LEMON_SHARED_DATASETS": "off",
+            "LEMON_PROGRESS": "off", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
+    lemon = [sys.executable, "-m", "lemon_core.cli"]
+    unavailable = subprocess.run([*lemon, "eval", "--benchmark", "multiarith", "--limit", "1"], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=300)
+    assert unavailable.returncode == 2 and "lemon data pull multiarith" in unavailable.stderr  # nothing there yet
+    pulled = subprocess.run([*lemon, "data", "pull", "--config", "local-tiny"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
+    assert "multiarith: pulled" in pulled.stdout and any(r.endswith("MultiArith.json") for r in server.requests)
+    run = subprocess.run([*lemon, "pipeline", "run", "--local", "--config", "local-tiny", "--artifacts",
+                          str(tmp_path / "runs")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "report: " in run.stdout and " lemon " in run.stdout
+    assert list((tmp_path / "runs").glob("*/report/report.html"))

@@ -58,16 +58,22 @@ class DataNotFoundError(LemonError, FileNotFoundError):
 PULL_HINT = "run `lemon data pull {name}` (or pass --data-dir / set $LEMON_DATA_DIR to a folder holding {name}/)"
 
 
+SHARED_ENV = "LEMON_SHARED_DATASETS"  # "off": look for no shared/datasets folder
+
+
 def shared_search_starts() -> tuple[Path, Path]:
     """Where the search for a ``shared/datasets`` folder starts: the working directory and this package."""
     return Path.cwd().resolve(), Path(__file__).resolve().parent
 
 
 def find_shared_datasets() -> Path | None:
-    """The first ``shared/datasets`` folder above the working directory or this package, else None.
+    """The first ``shared/datasets`` folder above the working directory or this package, else None; none at all
+    with ``LEMON_SHARED_DATASETS=off`` (what a fresh clone without the folder sees, for a whole run in tests).
 
     A module-level function so that tests can hide the folder (``monkeypatch.setattr``) and check what a
     fresh clone without one sees."""
+    if os.environ.get(SHARED_ENV, "").strip().lower() == "off":
+        return None
     for start in shared_search_starts():
         for folder in (start, *start.parents):
             candidate = folder / "shared" / "datasets"
