@@ -124,8 +124,9 @@ def results_table(root: str) -> list[str]:
         lines.append(line)
     tests = trained_versus_sft({k: v[1] for k, v in cells.items()}, ORCHESTRATOR, SFT_ORCHESTRATOR)
     for what, t in tests.items():
-        lines.append(f"{ORCHESTRATOR} vs {SFT_ORCHESTRATOR}, all benchmarks, {what}: {t.difference:+.3f} per problem, "
-                     f"{t.wins} won / {t.losses} lost of {t.n}, exact sign test p={t.p:.3g}")
+        low, high = t.difference_ci
+        lines.append(f"{ORCHESTRATOR} vs {SFT_ORCHESTRATOR}, all benchmarks, {what}: {t.difference:+.3f} per problem "
+                     f"[{low:+.3f}, {high:+.3f}], {t.wins} won / {t.losses} lost of {t.n}, exact sign test p={t.p:.3g}")
     by_method: dict[str, list[dict]] = {}
     for (_, method), (r, _) in cells.items():
         by_method.setdefault(method, []).append(r)

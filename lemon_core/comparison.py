@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lemon_core.stats import wilson_interval
+from lemon_core.stats import mean_interval, wilson_interval
 
 
 def total_cost(summary: Mapping[str, Any]) -> float:
@@ -35,13 +35,15 @@ def sign_test_p(wins: int, losses: int) -> float:
 @dataclass(frozen=True)
 class PairedTest:
     """Method A against method B on the problems both answered: n shared problems, the mean score difference
-    A − B, the problems A won and lost, and the sign test's p on those discordant problems."""
+    A − B with its 95% interval (normal approximation over the per-problem differences), the problems A won and
+    lost, and the sign test's p on those discordant problems."""
 
     n: int
     difference: float
     wins: int
     losses: int
     p: float
+    difference_ci: tuple[float, float] = (0.0, 0.0)
 
 
 def paired_test(scores_a: Mapping[str, float], scores_b: Mapping[str, float]) -> PairedTest:
@@ -52,7 +54,7 @@ def paired_test(scores_a: Mapping[str, float], scores_b: Mapping[str, float]) ->
     diffs = [float(scores_a[i]) - float(scores_b[i]) for i in shared]
     wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     return PairedTest(n=len(shared), difference=sum(diffs) / len(shared), wins=wins, losses=losses,
-                      p=sign_test_p(wins, losses))
+                      p=sign_test_p(wins, losses), difference_ci=mean_interval(diffs))
 
 
 def pooled_accuracy(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
