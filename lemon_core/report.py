@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from lemon_core.baselines import ORCHESTRATOR
 from lemon_core.baselines import SFT_ORCHESTRATOR as SFT_ONLY
-from lemon_core.comparison import total_cost
+from lemon_core.comparison import paired_test, per_problem, total_cost
 from lemon_core.report_choices import Traces, choice_rows, choice_stats, is_orchestrator
 from lemon_core.report_html import STYLE, example_html, fmt, table_html, table_section
 from lemon_core.stats import wilson_interval
@@ -257,8 +257,17 @@ def sft_vs_trained(rows: list[dict[str, Any]], traces: Traces | None = None,
             ("valid_rate", sft["valid_rate"], trained["valid_rate"], True),
             ("mean_cost_usd", sft["mean_cost_usd"], trained["mean_cost_usd"], True),
             ("mean_tokens", sft.get("mean_tokens"), trained.get("mean_tokens"), True),
+            ("mean reward (own call counted)", sft.get("mean_reward"), trained.get("mean_reward"), True),
+            (f"sampled specs' mean reward (k={trained.get('sampled_k')})", sft.get("sampled_reward"),
+             trained.get("sampled_reward"), True),
         ]
         if traces and (bench, SFT_ONLY) in traces and (bench, ORCHESTRATOR) in traces:
+            for field, label in (("score", "problems won / lost, sign test"),
+                                 ("sampled_reward", "sampled reward won / lost, sign test")):
+                test = paired_test(per_problem(traces[bench, ORCHESTRATOR], field),
+                                   per_problem(traces[bench, SFT_ONLY], field))
+                if test.n:
+                    metrics.append((label, "", f"{test.wins} / {test.losses}, p={test.p:.3g}", False))
             a, b = choice_stats(traces[bench, SFT_ONLY], levels), choice_stats(traces[bench, ORCHESTRATOR], levels)
             metrics.append(("mean agents", a["mean_agents"], b["mean_agents"], True))
             for lv in dict.fromkeys([*a["capacity_share"], *b["capacity_share"]]):

@@ -380,7 +380,7 @@ def read_summaries(uris: Sequence[str]) -> list[dict[str, Any]]:
 def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path) -> dict[str, Path]:
     """HTML + Markdown report with the Pareto plot and (when training ran) the reward curve; written
     locally to ``out_dir`` and copied to ``<run>/report``. It also says whether the gate publishes."""
-    from lemon_core.report import is_orchestrator, sft_rows, write_report
+    from lemon_core.report import sft_rows, write_report
 
     rows = read_summaries(summary_uris)
     root = root_of_summary(summary_uris[0]) if summary_uris else cfg.artifacts
@@ -422,10 +422,11 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
     sft_uri = storage.join(root, "sft", "sft.json")
     if storage.exists(sft_uri):
         tables = {"SFT warm-up": sft_rows(json.loads(storage.read_text(sft_uri))), **tables}
-    traces = {}
+    traces = {}  # every cell's: the orchestrators' choices, and the baselines' specs to name a copy by
     for uri, row in zip(summary_uris, rows, strict=True):
-        if is_orchestrator(str(row["method"])):
-            text = storage.read_text(uri.rsplit("/", 1)[0] + "/traces.jsonl")
+        traces_uri = uri.rsplit("/", 1)[0] + "/traces.jsonl"
+        if storage.exists(traces_uri):
+            text = storage.read_text(traces_uri)
             traces[row["benchmark"], row["method"]] = [json.loads(x) for x in text.splitlines() if x.strip()]
     paths = write_report(rows, out_dir, title=f"lemon report: {cfg.name}", notes=notes, extra_images=images,
                          tables=tables, traces=traces, levels=pool.level_names)
