@@ -2,8 +2,9 @@
 + KL optimizer step per PPO epoch with gradient accumulation over micro-batches.
 
 The advantages live in ``credit.py`` and the loss in ``grpo.py``; so does the pairwise term (``credit.pair_loss``,
-with ``grpo.cf_pair_coef`` > 0), whose rows this file builds: each value-replacing edit's two values written at the
-same prefix, scored under the policy and the reference and added to the same gradient. This file only feeds them: it packs
+with ``grpo.cf_pair_coef`` > 0), whose rows this file builds: each value-replacing edit's two values written at
+the same prefix, scored under the policy and the reference and added to the same gradient. This file only feeds them:
+it packs
 records into micro-batches, computes the reference log-probs, scales each micro-batch's loss to the
 whole batch (over all ranks) and lets the distributed strategy (``dist.py``) reduce the gradients.
 """

@@ -258,9 +258,64 @@ def test_coupled_draws_reach_every_level_of_the_bench_pool_and_change_nothing_el
             lv.options for lv in plain.levels]
 
 
-def _fake_run(steps: int) -> dict:
+def _fake_run(steps: int, calls_per_step: int = 10, horizon: int = 80, **extra: object) -> dict:
+    """A run that reached the target at ``steps`` (horizon + 1: never), running ``calls_per_step`` agent calls a step."""
     return {"steps_to_target": steps, "raw_steps_to_target": steps, "curve": [0.5], "expected_curve": [0.5],
-            "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1]}
+            "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1], "calls": [calls_per_step] * horizon,
+            **extra}
+
+
+def test_calls_to_target_counts_the_calls_that_ran_and_censors_like_steps() -> None:
+    credit = _credit()
+    run = {"calls": [4, 10, 6], "steps_to_target": 2, "raw_steps_to_target": 4}
+    assert credit.calls_to_target(run) == 14  # steps 1 and 2
+    assert credit.calls_to_target(run, "raw_steps_to_target") == 4 + 10 + 6 + 6  # never: the horizon + one step
+
+
+def _lines(credit: ModuleType, capsys: pytest.CaptureFixture, results: dict, collapsed: bool) -> list[str]:
+    credit.summarize(results, 80, 1, collapsed=collapsed)
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_the_targets_say_not_met_when_nothing_was_learned(capsys: pytest.CaptureFixture) -> None:
+    """16 held-out seeds where the cf arm is GRPO's twin (same steps, same calls), none of them reaching 90% of r*
+    within the horizon: both targets are "not met", and the ratio is 1."""
+    credit = _credit()
+    never = [_fake_run(81, seed=32 + i) for i in range(16)]
+    out = _lines(credit, capsys, {"grpo": never, "grpo+cf": [dict(r) for r in never]}, collapsed=True)
+    assert out[-1] == "ratio=1.000"
+    assert "target grpo+cf: calls ratio <= 0.75 on held-out seeds: not met (ratio 1.000, 95% interval " \
+           "[1.000, 1.000], n=16)" in out
+    assert any(line.startswith("target grpo+cf: collapsed start reaches 90% of r* on >= 12/16 held-out seeds: not "
+                               "met (reached within 80 steps: grpo 0/16, grpo+cf 0/16)") for line in out)
+    assert "== held-out seeds (>= 32)" in out and "== tuning seeds (< 32)" not in out
+
+
+def test_the_targets_say_met_when_the_cf_arm_learned_in_fewer_calls(capsys: pytest.CaptureFixture) -> None:
+    """The grpo arm runs more calls per step (its larger group) and never gets there; the cf arm gets there at step
+    20 on 12 of 16 held-out seeds: (12 · 20 · 10 + 4 · 81 · 10) / (16 · 81 · 15) = 0.290 <= 0.75, and 12/16 is met.
+    Tuning seeds (< 32) are summarised apart and do not count: there the cf arm never gets there."""
+    credit = _credit()
+    grpo = [_fake_run(81, calls_per_step=15, seed=32 + i) for i in range(16)]
+    cf = [_fake_run(20 if i < 12 else 81, seed=32 + i) for i in range(16)]
+    tuning_grpo = [_fake_run(10, seed=i) for i in range(2)]
+    tuning_cf = [_fake_run(81, seed=i) for i in range(2)]
+    out = _lines(credit, capsys, {"grpo": tuning_grpo + grpo, "grpo+cf": tuning_cf + cf}, collapsed=True)
+    ratio = (12 * 20 * 10 + 4 * 81 * 10) / (16 * 81 * 15)
+    assert out[-1] == f"ratio={ratio:.3f}"
+    assert any(line.startswith(f"target grpo+cf: calls ratio <= 0.75 on held-out seeds: met (ratio {ratio:.3f}")
+               for line in out)
+    assert any(line.startswith("target grpo+cf: collapsed start reaches 90% of r* on >= 12/16 held-out seeds: met "
+                               "(reached within 80 steps: grpo 0/16, grpo+cf 12/16)") for line in out)
+    tuning = out.index("== tuning seeds (< 32)")
+    held = out.index("== held-out seeds (>= 32)")
+    assert tuning < held and any(line.startswith("grpo+cf   calls_to_90%: 810 ") for line in out[tuning:held])
+    # 11 of 16 is one short; 15 seeds are too few to judge
+    short = [_fake_run(20 if i < 11 else 81, seed=32 + i) for i in range(16)]
+    out = _lines(credit, capsys, {"grpo": grpo, "grpo+cf": short}, collapsed=True)
+    assert any("collapsed start" in line and ": not met (" in line for line in out)
+    out = _lines(credit, capsys, {"grpo": grpo[:15], "grpo+cf": cf[:15]}, collapsed=True)
+    assert any("collapsed start" in line and ": not measured (" in line for line in out)
 
 
 def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Path,
@@ -418,5 +473,5 @@ def test_the_ratio_interval_resamples_seeds_in_pairs(capsys: pytest.CaptureFixtu
     assert credit.ratio_interval(grpo, cf) == (low, high)  # seeded: the same interval every run
     credit.summarize({"grpo": [_fake_run(s) for s in grpo], "grpo+cf": [_fake_run(s) for s in cf]}, 80, 1)
     out = capsys.readouterr().out
-    assert f"paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); ratio 95% interval [{low:.3f}, {high:.3f}]" in out
+    assert f"paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); calls ratio 95% interval [{low:.3f}, {high:.3f}]" in out
     assert out.strip().splitlines()[-1] == "ratio=0.547"
