@@ -259,7 +259,7 @@ def test_coupled_draws_reach_every_level_of_the_bench_pool_and_change_nothing_el
 
 
 def _fake_run(steps: int, calls_per_step: int = 10, horizon: int = 80, **extra: object) -> dict:
-    """A run that reached the target at ``steps`` (horizon + 1: never), running ``calls_per_step`` agent calls a step."""
+    """A run that reached the target at ``steps`` (horizon + 1: never), running ``calls_per_step`` calls a step."""
     return {"steps_to_target": steps, "raw_steps_to_target": steps, "curve": [0.5], "expected_curve": [0.5],
             "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1], "calls": [calls_per_step] * horizon,
             **extra}
@@ -473,5 +473,6 @@ def test_the_ratio_interval_resamples_seeds_in_pairs(capsys: pytest.CaptureFixtu
     assert credit.ratio_interval(grpo, cf) == (low, high)  # seeded: the same interval every run
     credit.summarize({"grpo": [_fake_run(s) for s in grpo], "grpo+cf": [_fake_run(s) for s in cf]}, 80, 1)
     out = capsys.readouterr().out
-    assert f"paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); calls ratio 95% interval [{low:.3f}, {high:.3f}]" in out
+    assert ("paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); calls ratio 95% interval "
+            f"[{low:.3f}, {high:.3f}]") in out
     assert out.strip().splitlines()[-1] == "ratio=0.547"
