@@ -163,6 +163,10 @@ def grpo_update(
         sharded = fsdp.is_sharded(model)
         fsdp_strategy = FSDP(cfg.device, d.fsdp_reshard_after_forward, d.fsdp_gather_for_sampling)
         strategy = fsdp_strategy if sharded else Replicate()
+    if cfg.grpo.cf_pair_coef > 0 and strategy.sharded:
+        # its reference and policy passes run per rank's own pairs, and a sharded forward is a collective
+        raise ValueError("grpo.cf_pair_coef > 0 is not supported with distributed.strategy: fsdp (ranks would run "
+                         "different numbers of forwards); use the replicate strategy or set cf_pair_coef: 0")
     credit = record_credit(records, cfg.grpo) if records else None
     advantages = credit.advantages if credit else []
     pairs = (record_pairs(records, credit, cfg.grpo, policy.tokenizer)

@@ -117,3 +117,14 @@ def test_the_pair_term_is_off_at_coef_zero(tiny: Path) -> None:
     assert "credit/pair_loss" not in metrics
     # a constant group, cf_coef 0 and π = π_ref: every advantage and the KL gradient are 0, nothing moves
     assert moved == 0.0 and d_small == 0.0 and d_large == 0.0
+
+
+def test_the_pair_term_is_refused_under_fsdp(tiny: Path) -> None:
+    """Its passes run over each rank's own pairs; under FSDP a forward is a collective, so ranks would hang."""
+    from types import SimpleNamespace
+
+    policy = OrchestratorPolicy.load(str(tiny), include_roles=False, include_format=False)
+    cfg = TrainConfig(model=str(tiny), grpo=dict(cf_pair_coef=1.0))
+    with pytest.raises(ValueError, match="not supported with distributed.strategy: fsdp"):
+        grpo_update(policy, None, _records(policy, -0.05), None, None, cfg,  # type: ignore[arg-type]
+                    strategy=SimpleNamespace(sharded=True))  # type: ignore[arg-type]
