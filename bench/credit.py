@@ -287,8 +287,10 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 
 def grpo_group_size(args: argparse.Namespace) -> int:
     """The grpo arm's group: --grpo-group-size, or G · (1 + K · CALLS_PER_EDIT / (checkers + 1)), so that its
-    agent calls per step come near the cf arms' (which spend calls on K edits per spec). Near is enough: both arms
-    are compared in the calls each really ran (``calls_to_target``), the group only gives them similar budgets."""
+    agent calls per step come nearer the cf arms' (which spend calls on K edits per spec). The estimate ignores that
+    identical specs of a group share their calls through the node cache, so the grpo arm still runs fewer calls a
+    step (the summary prints both); the arms are compared in the calls each really ran (``calls_to_target``), and
+    the gap only shortens the grpo arm's horizon in calls, which a censored run counts."""
     if args.grpo_group_size:
         return args.grpo_group_size
     return round(args.group_size * (1 + args.edits * CALLS_PER_EDIT / (args.checkers + 1)))
