@@ -23,9 +23,9 @@ executions on the pool, cached), an invalid one at the penalty it got; r* is the
 target at the first step whose mean over the last --window steps is >= --fraction · r*; a run that never does
 counts as --steps + 1 (censored; the count is printed). The arms are compared in agent calls, not steps: a run's
 calls to the target are the calls that really ran (originals and edits; one the node cache served is not counted)
-up to that step; a censored run counts its calls over the horizon plus one more step's. Seeds >= --held-out-from
-(32) are held out: never used to choose a setting, summarised apart from the tuning seeds, and the only ones the
-targets are judged on. Per arm and seed range the bench prints calls and steps to the target, on how many seeds it
+up to that step; a censored run counts the most calls any arm of its seed ran over the horizon, plus one step's.
+Seeds >= --held-out-from (32) are held out: never used to choose a setting, summarised apart from the tuning seeds,
+and the only ones the targets are judged on. Per arm and seed range the bench prints calls and steps to the target, on how many seeds it
 was reached, calls per step, the expected reward, the share of sampled specs at the optimum, validity, then the
 paired differences of each cf arm with grpo (same seed), among them P(optimal spec) read from the policy after the
 last update, and a 95% bootstrap interval of the calls ratio (seeds resampled with both arms). Then one line per
@@ -344,11 +344,31 @@ def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
     return len(curve) + 1
 
 
-def calls_to_target(run: dict, key: str = "steps_to_target") -> float:
-    """Agent calls the run really ran up to and including the step at which it reached the target (``key``); a run
-    that never did counts its calls over the whole horizon plus one more step's (like steps + 1 in steps)."""
+def calls_to_target(run: dict, key: str = "steps_to_target", censored: float | None = None) -> float:
+    """Agent calls the run really ran up to and including the step at which it reached the target (``key``). A run
+    that never did counts ``censored`` (``budgets``: the most any arm of its seed spent), or without it its own calls
+    over the horizon plus one more step's (like steps + 1 in steps)."""
     calls, reached = run["calls"], run[key]
-    return float(sum(calls[:reached])) if reached <= len(calls) else float(sum(calls) + calls[-1])
+    if reached <= len(calls):
+        return float(sum(calls[:reached]))
+    return censored if censored is not None else float(sum(calls) + calls[-1])
+
+
+def budgets(results: dict[str, list[dict]]) -> dict[int, float]:
+    """Per seed, what a censored run counts: the most calls any arm of that seed ran over the horizon, plus one step.
+    Why not the run's own: an arm that stays collapsed runs few calls (identical specs share them through the node
+    cache), so never getting there would look cheaper than another arm's getting there."""
+    out: dict[int, float] = {}
+    for runs in results.values():
+        for r in runs:
+            seed = r.get("seed", 0)
+            out[seed] = max(out.get(seed, 0.0), float(sum(r["calls"]) + r["calls"][-1]))
+    return out
+
+
+def arm_calls(runs: Sequence[dict], budget: dict[int, float], key: str = "steps_to_target") -> list[float]:
+    """calls_to_target of each run, a censored one at its seed's budget."""
+    return [calls_to_target(r, key, budget.get(r.get("seed", 0))) for r in runs]
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -423,12 +443,13 @@ def summarize_seeds(results: dict[str, list[dict]], steps: int, window: int) -> 
     there, and by the raw reward; then each cf arm's paired differences with grpo. Returns each cf arm's ratios of
     mean calls to 90% (``ratio[arm]``, ``raw_ratio[arm]``)."""
     calls, raw = {}, {}
+    budget = budgets(results)
     for name, runs in results.items():
         if not runs:
             continue
         steps_d, se_d = mean_se([r["steps_to_target"] for r in runs])
-        calls[name], se_c = mean_se([calls_to_target(r) for r in runs])
-        raw[name], se_r = mean_se([calls_to_target(r, "raw_steps_to_target") for r in runs])
+        calls[name], se_c = mean_se(arm_calls(runs, budget))
+        raw[name], se_r = mean_se(arm_calls(runs, budget, "raw_steps_to_target"))
         reached = sum(r["steps_to_target"] <= steps for r in runs)
         per_step = statistics.fmean(statistics.fmean(r["calls"]) for r in runs)
         expected = mean_se([statistics.fmean(r["expected_curve"][-window:]) for r in runs])
@@ -458,8 +479,7 @@ def summarize_seeds(results: dict[str, list[dict]], steps: int, window: int) -> 
         grpo_steps = [r["steps_to_target"] for r in results["grpo"]]
         cf_steps = [r["steps_to_target"] for r in results[arm]]
         diff, se = mean_se([c - g for g, c in zip(grpo_steps, cf_steps, strict=True)])
-        low, high = ratio_interval([calls_to_target(r) for r in results["grpo"]],
-                                   [calls_to_target(r) for r in results[arm]])
+        low, high = ratio_interval(arm_calls(results["grpo"], budget), arm_calls(results[arm], budget))
         print(f"paired {label} - grpo steps_to_90%: {diff:+.2f} ± {se:.2f} (s.e.); calls ratio 95% interval "
               f"[{low:.3f}, {high:.3f}] (bootstrap over seeds, resampled in pairs)")
         ratios[f"ratio[{arm}]"] = calls[arm] / calls["grpo"]
@@ -477,11 +497,12 @@ def target_lines(results: dict[str, list[dict]], steps: int, held_out_from: int 
     if not held.get("grpo"):
         return [f"target: not measured (no held-out seeds >= {held_out_from} with a grpo arm)"]
     lines = []
-    grpo_calls = [calls_to_target(r) for r in held["grpo"]]
+    budget = budgets(held)
+    grpo_calls = arm_calls(held["grpo"], budget)
     for arm in CF_ARMS:
         if not held.get(arm):
             continue
-        cf_calls = [calls_to_target(r) for r in held[arm]]
+        cf_calls = arm_calls(held[arm], budget)
         ratio = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
         low, high = ratio_interval(grpo_calls, cf_calls)
         verdict = "met" if ratio <= RATIO_TARGET else "not met"

@@ -270,6 +270,13 @@ def test_calls_to_target_counts_the_calls_that_ran_and_censors_like_steps() -> N
     run = {"calls": [4, 10, 6], "steps_to_target": 2, "raw_steps_to_target": 4}
     assert credit.calls_to_target(run) == 14  # steps 1 and 2
     assert credit.calls_to_target(run, "raw_steps_to_target") == 4 + 10 + 6 + 6  # never: the horizon + one step
+    # the budget of a seed is its dearest arm's: a collapsed arm that never gets there (its identical specs share
+    # their calls) is not cheaper than one that does
+    cheap = {"seed": 1, "calls": [1, 1, 1], "steps_to_target": 4}
+    dear = {"seed": 1, "calls": [9, 9, 9], "steps_to_target": 2}
+    budget = credit.budgets({"grpo": [cheap], "grpo+cf": [dear]})
+    assert budget == {1: 36.0}
+    assert credit.arm_calls([cheap, dear], budget) == [36.0, 18.0]
 
 
 def _lines(credit: ModuleType, capsys: pytest.CaptureFixture, results: dict, collapsed: bool) -> list[str]:
@@ -293,7 +300,8 @@ def test_the_targets_say_not_met_when_nothing_was_learned(capsys: pytest.Capture
 
 def test_the_targets_say_met_when_the_cf_arm_learned_in_fewer_calls(capsys: pytest.CaptureFixture) -> None:
     """The grpo arm runs more calls per step (its larger group) and never gets there; the cf arm gets there at step
-    20 on 12 of 16 held-out seeds: (12 · 20 · 10 + 4 · 81 · 10) / (16 · 81 · 15) = 0.290 <= 0.75, and 12/16 is met.
+    20 on 12 of 16 held-out seeds, and a censored run counts its seed's budget (81 · 15, the grpo arm's):
+    (12 · 20 · 10 + 4 · 81 · 15) / (16 · 81 · 15) = 0.373 <= 0.75, and 12/16 is met.
     Tuning seeds (< 32) are summarised apart and do not count: there the cf arm never gets there."""
     credit = _credit()
     grpo = [_fake_run(81, calls_per_step=15, seed=32 + i) for i in range(16)]
@@ -301,7 +309,7 @@ def test_the_targets_say_met_when_the_cf_arm_learned_in_fewer_calls(capsys: pyte
     tuning_grpo = [_fake_run(10, seed=i) for i in range(2)]
     tuning_cf = [_fake_run(81, seed=i) for i in range(2)]
     out = _lines(credit, capsys, {"grpo": tuning_grpo + grpo, "grpo+cf": tuning_cf + cf}, collapsed=True)
-    ratio = (12 * 20 * 10 + 4 * 81 * 10) / (16 * 81 * 15)
+    ratio = (12 * 20 * 10 + 4 * 81 * 15) / (16 * 81 * 15)
     assert out[-1] == f"ratio={ratio:.3f}"
     assert any(line.startswith(f"target grpo+cf: calls ratio <= 0.75 on held-out seeds: met (ratio {ratio:.3f}")
                for line in out)
