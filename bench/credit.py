@@ -25,8 +25,8 @@ counts as --steps + 1 (censored; the count is printed). The arms are compared in
 calls to the target are the calls that really ran (originals and edits; one the node cache served is not counted)
 up to that step; a censored run counts the most calls any arm of its seed ran over the horizon, plus one step's.
 Seeds >= --held-out-from (32) are held out: never used to choose a setting, summarised apart from the tuning seeds,
-and the only ones the targets are judged on. Per arm and seed range the bench prints calls and steps to the target, on how many seeds it
-was reached, calls per step, the expected reward, the share of sampled specs at the optimum, validity, then the
+and the only ones the targets are judged on. Per arm and seed range the bench prints calls and steps to the target,
+on how many seeds it was reached, calls per step, the expected reward, the share of sampled specs at the optimum, validity, then the
 paired differences of each cf arm with grpo (same seed), among them P(optimal spec) read from the policy after the
 last update, and a 95% bootstrap interval of the calls ratio (seeds resampled with both arms). Then one line per
 target (met / not met: the calls ratio <= 0.75; with --sft-on, the cf arm at 90% of r* on >= 12 of 16 seeds, beside
