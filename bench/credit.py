@@ -23,14 +23,15 @@ executions on the pool, cached), an invalid one at the penalty it got; r* is the
 target at the first step whose mean over the last --window steps is >= --fraction · r*; a run that never does
 counts as --steps + 1 (censored; the count is printed). The arms are compared in agent calls, not steps: a run's
 calls to the target are the calls that really ran (originals and edits; one the node cache served is not counted)
-up to that step; a censored run counts the most calls any arm of its seed ran over the horizon, plus one step's.
-Seeds >= --held-out-from (32) are held out: never used to choose a setting, summarised apart from the tuning seeds,
-and the only ones the targets are judged on. Per arm and seed range the bench prints calls and steps to the target,
-on how many seeds it was reached, calls per step, the expected reward, the share of sampled specs at the optimum, validity, then the
-paired differences of each cf arm with grpo (same seed), among them P(optimal spec) read from the policy after the
-last update, and a 95% bootstrap interval of the calls ratio (seeds resampled with both arms). Then one line per
-target (met / not met: the calls ratio <= 0.75; with --sft-on, the cf arm at 90% of r* on >= 12 of 16 seeds, beside
-every arm's share), ratio[grpo+pair]= where that arm ran, and last
+up to that step; a censored run counts the most calls an arm of its seed ran over the horizon, plus one step's (in
+a ratio, of the two arms compared; in an arm's own line, of all). Seeds >= --held-out-from (32) are held out: never
+used to choose a setting, summarised apart from the tuning seeds, and the only ones the targets are judged on. Per
+arm and seed range the bench prints calls and steps to the target, on how many seeds it was reached, calls per
+step, the expected reward, the share of sampled specs at the optimum, validity, then the paired differences of
+each cf arm with grpo (same seed), among them P(optimal spec) read from the policy after the last update, and a
+95% bootstrap interval of the calls ratio (seeds resampled with both arms). Then one line per target (met / not
+met: the calls ratio <= 0.75; with --sft-on, the cf arm at 90% of r* on >= 12 of 16 seeds, beside every arm's
+share), ratio[grpo+pair]= where that arm ran, and last
 
     raw_ratio=<the same ratio on the raw, noisy rollout reward>
     ratio=<mean calls to 90% of grpo+cf / mean calls to 90% of grpo>     (issue #10's target: <= 0.75)
@@ -479,11 +480,15 @@ def summarize_seeds(results: dict[str, list[dict]], steps: int, window: int) -> 
         grpo_steps = [r["steps_to_target"] for r in results["grpo"]]
         cf_steps = [r["steps_to_target"] for r in results[arm]]
         diff, se = mean_se([c - g for g, c in zip(grpo_steps, cf_steps, strict=True)])
-        low, high = ratio_interval(arm_calls(results["grpo"], budget), arm_calls(results[arm], budget))
+        pair_budget = budgets({"grpo": results["grpo"], arm: results[arm]})  # a third arm must not move this ratio
+        grpo_calls, cf_calls = arm_calls(results["grpo"], pair_budget), arm_calls(results[arm], pair_budget)
+        low, high = ratio_interval(grpo_calls, cf_calls)
         print(f"paired {label} - grpo steps_to_90%: {diff:+.2f} ± {se:.2f} (s.e.); calls ratio 95% interval "
               f"[{low:.3f}, {high:.3f}] (bootstrap over seeds, resampled in pairs)")
-        ratios[f"ratio[{arm}]"] = calls[arm] / calls["grpo"]
-        ratios[f"raw_ratio[{arm}]"] = raw[arm] / raw["grpo"]
+        ratios[f"ratio[{arm}]"] = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
+        ratios[f"raw_ratio[{arm}]"] = (statistics.fmean(arm_calls(results[arm], pair_budget, "raw_steps_to_target"))
+                                       / statistics.fmean(arm_calls(results["grpo"], pair_budget,
+                                                                    "raw_steps_to_target")))
     return ratios
 
 
@@ -497,12 +502,11 @@ def target_lines(results: dict[str, list[dict]], steps: int, held_out_from: int 
     if not held.get("grpo"):
         return [f"target: not measured (no held-out seeds >= {held_out_from} with a grpo arm)"]
     lines = []
-    budget = budgets(held)
-    grpo_calls = arm_calls(held["grpo"], budget)
     for arm in CF_ARMS:
         if not held.get(arm):
             continue
-        cf_calls = arm_calls(held[arm], budget)
+        budget = budgets({"grpo": held["grpo"], arm: held[arm]})
+        grpo_calls, cf_calls = arm_calls(held["grpo"], budget), arm_calls(held[arm], budget)
         ratio = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
         low, high = ratio_interval(grpo_calls, cf_calls)
         verdict = "met" if ratio <= RATIO_TARGET else "not met"
