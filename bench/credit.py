@@ -724,6 +724,8 @@ def main() -> None:
                  f"{args.checkers} checker(s))")
     if args.merge:
         return merge(args.merge)
+    # the group the grpo arm really ran, recorded as such: with 0 it follows --edits, so --merge must compare it
+    args.grpo_group_size = grpo_group_size(args)
     torch.set_num_threads(1)
 
     tasks = make_tasks(8)

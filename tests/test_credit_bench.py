@@ -110,7 +110,8 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
     assert merged.stdout.strip().splitlines()[-2:] == lines[-2:]
 
     # One arm per run: the GRPO arm alone with other counterfactual options (which it ignores: bench/credit.py's
-    # CF_ARM_ONLY) writes the same curves, and the cf arm alone merged with the first run's GRPO arm gives its ratio.
+    # ARM_ONLY; its group size is derived from --edits unless given, so it is given here) writes the same curves,
+    # and the cf arm alone merged with the first run's GRPO arm gives its ratio.
     def one_arm(arm: str, name: str, *options: str) -> dict:
         alone = subprocess.run(
             [sys.executable, str(REPO / "bench" / "credit.py"), "--seeds", "1", "--steps", "2", "--window", "1",
@@ -122,7 +123,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1")
+                         "--cf-coef", "1", "--grpo-group-size", "15")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
