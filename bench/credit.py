@@ -589,6 +589,8 @@ def merge(sources: Sequence[str | Path]) -> None:
         if not held or any(name not in held for name in arms or []):
             raise SystemExit(f"--merge: {path} holds no {(arms or ['run of any'])[0]} arm; it holds "
                              f"{', '.join(held) or 'no runs'}")
+        if doc["args"].get("grpo_group_size") == 0:  # written before it was recorded as run: resolve it the same way
+            doc["args"]["grpo_group_size"] = grpo_group_size(argparse.Namespace(**doc["args"]))
         picked += [(doc, name) for name in arms or held]
     for key in sorted(set().union(*(d["args"] for d, _ in picked)) - MERGE_MAY_DIFFER):
         compared = [d for d, arm in picked if key not in ARM_ONLY or arm in ARM_ONLY[key]]
