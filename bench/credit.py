@@ -1,4 +1,4 @@
-"""Credit assignment benchmark: steps to 90% of the optimal reward, GRPO only vs GRPO + localized counterfactual.
+"""Credit assignment benchmark: agent calls to 90% of the optimal reward, GRPO only vs GRPO + localized counterfactual.
 
 Research environment, not the product: the ``solve_check`` task family on the SIMULATED capacity pool
 (lemon_core/backends/simulated.py: seeded random agents whose accuracy and price depend on their capacity level;
@@ -9,22 +9,32 @@ capacity assignment uniformly (or one, ``--sft-on``), so what is left to learn i
 the group advantage rewards a whole spec, only the span term can say "the solver's `large` was right, the checker's
 `medium` was not".
 
-The two arms (``--arms``). Per seed, SFT runs once and both arms start from that model with the same tasks, samples
-per task, steps, optimizer and advantage function (lemon_core.credit.credit_advantages):
-  grpo      plain GRPO: no counterfactual edits (K = 0, cf_coef = 0);
+The arms (``--arms``; grpo and grpo+cf unless told). Per seed, SFT runs once and every arm starts from that model with
+the same tasks, steps, optimizer and advantage function (lemon_core.credit.credit_advantages):
+  grpo      plain GRPO: no counterfactual edits (K = 0, cf_coef = 0), with a larger group (--grpo-group-size; by
+            default G scaled so its agent calls per step come near the cf arms', which spend calls on edits);
   grpo+cf   GRPO + LEMON's localized counterfactual term: K edits per sampled spec are re-executed (node cache) and
-            their reward contrast goes onto the edited field's tokens (β = --cf-coef, capped by --cf-max-ratio).
+            their reward contrast goes onto the edited field's tokens (β = --cf-coef, capped by --cf-max-ratio);
+  grpo+pair grpo+cf plus the pairwise term (GRPOConfig.cf_pair_coef = --pair-coef): each value-replacing edit's two
+            values, at the same prefix, in a bounded preference loss against the reference (credit.pair_loss).
 
 Metric. Each sampled spec counts at its expected reward E[reward | spec, task] (``SpecRewards``: 30 seeded
 executions on the pool, cached), an invalid one at the penalty it got; r* is the optimal spec's. A run reaches the
 target at the first step whose mean over the last --window steps is >= --fraction · r*; a run that never does
-counts as --steps + 1 (censored; the count is printed). Per arm the bench prints the steps, the expected reward, the
-share of sampled specs at the optimum, validity, then the paired differences cf - grpo (same seed), among them
-P(optimal spec) read from the policy after the last update, and a 95% bootstrap interval of the ratio (seeds
-resampled with both arms). The last lines are
+counts as --steps + 1 (censored; the count is printed). The arms are compared in agent calls, not steps: a run's
+calls to the target are the calls that really ran (originals and edits; one the node cache served is not counted)
+up to that step; a censored run counts the most calls an arm of its seed ran over the horizon, plus one step's (in
+a ratio, of the two arms compared; in an arm's own line, of all). Seeds >= --held-out-from (32) are held out: never
+used to choose a setting, summarised apart from the tuning seeds, and the only ones the targets are judged on. Per
+arm and seed range the bench prints calls and steps to the target, on how many seeds it was reached, calls per
+step, the expected reward, the share of sampled specs at the optimum, validity, then the paired differences of
+each cf arm with grpo (same seed), among them P(optimal spec) read from the policy after the last update, and a
+95% bootstrap interval of the calls ratio (seeds resampled with both arms). Then one line per target (met / not
+met: the calls ratio <= 0.75; with --sft-on, the cf arm at 90% of r* on >= 12 of 16 seeds, beside every arm's
+share), ratio[grpo+pair]= where that arm ran, and last
 
     raw_ratio=<the same ratio on the raw, noisy rollout reward>
-    ratio=<mean steps of grpo+cf / mean steps of grpo>      (issue #10's target: <= 0.75)
+    ratio=<mean calls to 90% of grpo+cf / mean calls to 90% of grpo>     (issue #10's target: <= 0.75)
 
 Measured figures are in docs/results.md, not here.
 
@@ -86,7 +96,14 @@ from lemon_core.stats import standard_error  # noqa: E402
 from lemon_core.train import TrainConfig, TrainState, train  # noqa: E402
 
 LEVELS = ("small", "medium", "large")
-ARMS = ("grpo", "grpo+cf")  # plain GRPO (no edits) and GRPO + the localized counterfactual term
+ARMS = ("grpo", "grpo+cf", "grpo+pair")  # plain GRPO; + the span term; + the span term and the pairwise term
+CF_ARMS = ARMS[1:]  # the arms that re-execute edits, each compared with the grpo arm
+HELD_OUT_FROM = 32  # seeds >= this were never used to choose a setting; the targets are judged on them only
+RATIO_TARGET = 0.75  # issue #10: the cf arm reaches 90% of r* in at most 0.75 of plain GRPO's agent calls
+COLLAPSED_TARGET = (12, 16)  # issue #41: from a collapsed start the cf arm reaches 90% of r* on >= 12 of 16 seeds
+# Agent calls one edit re-runs, on average, and one spec runs, for the grpo arm's compute-matched group size: an edit
+# of the checker re-runs the checker, one of the solver re-runs both (the calls upstream come from the node cache)
+CALLS_PER_EDIT = 1.5
 FAMILY = "solve_check"
 
 
@@ -269,18 +286,33 @@ def base_config(model: Path, out: Path, seed: int, args: argparse.Namespace, tea
 
 
 
-def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bool,
+def grpo_group_size(args: argparse.Namespace) -> int:
+    """The grpo arm's group: --grpo-group-size, or G · (1 + K · CALLS_PER_EDIT / (checkers + 1)), so that its
+    agent calls per step come nearer the cf arms' (which spend calls on K edits per spec). The estimate ignores that
+    identical specs of a group share their calls through the node cache, so the grpo arm still runs fewer calls a
+    step (the summary prints both); the arms are compared in the calls each really ran (``calls_to_target``), and
+    the gap only shortens the grpo arm's horizon in calls, which a censored run counts."""
+    if args.grpo_group_size:
+        return args.grpo_group_size
+    return round(args.group_size * (1 + args.edits * CALLS_PER_EDIT / (args.checkers + 1)))
+
+
+def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], arm: str,
             args: argparse.Namespace, rewards: SpecRewards) -> dict:
     families = FAMILY_SETS[args.families]
     best = optimum(args.checkers)
+    cf = arm in CF_ARMS
     cfg = base.model_copy(update={
         "model": str(sft_model),
-        "out": str(Path(base.out).parent / f"{'cf' if cf else 'grpo'}-{base.seed}"),
+        "out": str(Path(base.out).parent / f"{arm}-{base.seed}"),
         "iterations": args.steps,
         "sft": base.sft.model_copy(update={"enabled": False}),
         "rollout": base.rollout.model_copy(update={"edits_per_spec": args.edits if cf else 0,
-                                                   "edit_families": list(families)}),
-        "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0, **_credit_overrides(args)),
+                                                   "edit_families": list(families),
+                                                   "group_size": args.group_size if cf else grpo_group_size(args)}),
+        "grpo": GRPOConfig(kl_coef=args.kl, cf_coef=args.cf_coef if cf else 0.0,
+                           cf_pair_coef=args.pair_coef if arm == "grpo+pair" else 0.0, cf_pair_beta=args.pair_beta,
+                           **_credit_overrides(args)),
     })
 
     def measure_policy(state: TrainState, row: dict) -> None:  # after each update: read from the policy itself
@@ -292,7 +324,9 @@ def run_arm(sft_model: Path, base: TrainConfig, tasks: tuple[list, list], cf: bo
     return {"curve": curve, "optimal_share": [optimal_share(records, best) for records in by_step],
             "valid": [m["valid_rate"] for m in result.metrics],
             "expected_curve": [expected_reward(records, tasks_by_id, rewards) for records in by_step],
-            "optimal_prob": [m["policy/optimal_prob"] for m in result.metrics]}
+            "optimal_prob": [m["policy/optimal_prob"] for m in result.metrics],
+            # agent calls that really ran per step (originals and edits; a call served by the node cache is not one)
+            "calls": [m["agent_calls"] + m["edit_agent_calls"] for m in result.metrics]}
 
 
 def _credit_overrides(args: argparse.Namespace) -> dict:
@@ -309,6 +343,33 @@ def steps_to_reach(curve: Sequence[float], target: float, window: int) -> int:
         if len(recent) == window and statistics.fmean(recent) >= target:
             return i + 1
     return len(curve) + 1
+
+
+def calls_to_target(run: dict, key: str = "steps_to_target", censored: float | None = None) -> float:
+    """Agent calls the run really ran up to and including the step at which it reached the target (``key``). A run
+    that never did counts ``censored`` (``budgets``: the most any arm of its seed spent), or without it its own calls
+    over the horizon plus one more step's (like steps + 1 in steps)."""
+    calls, reached = run["calls"], run[key]
+    if reached <= len(calls):
+        return float(sum(calls[:reached]))
+    return censored if censored is not None else float(sum(calls) + calls[-1])
+
+
+def budgets(results: dict[str, list[dict]]) -> dict[int, float]:
+    """Per seed, what a censored run counts: the most calls any arm of that seed ran over the horizon, plus one step.
+    Why not the run's own: an arm that stays collapsed runs few calls (identical specs share them through the node
+    cache), so never getting there would look cheaper than another arm's getting there."""
+    out: dict[int, float] = {}
+    for runs in results.values():
+        for r in runs:
+            seed = r.get("seed", 0)
+            out[seed] = max(out.get(seed, 0.0), float(sum(r["calls"]) + r["calls"][-1]))
+    return out
+
+
+def arm_calls(runs: Sequence[dict], budget: dict[int, float], key: str = "steps_to_target") -> list[float]:
+    """calls_to_target of each run, a censored one at its seed's budget."""
+    return [calls_to_target(r, key, budget.get(r.get("seed", 0))) for r in runs]
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
@@ -352,44 +413,117 @@ def sft_once(model: Path, teacher: Path, train_tasks: list, eval_tasks: list, ar
     return where / "sft-model", base
 
 
-def summarize(results: dict[str, list[dict]], steps: int, window: int) -> None:
-    """Per arm: steps to 90% of r* by the expected (de-noised) rollout reward, the headline, and by the raw one;
-    then the paired differences cf − grpo, then both ratios. With one arm only (``--arms``), its line and how to
-    get the ratio."""
-    denoised, raw = {}, {}
+def summarize(results: dict[str, list[dict]], steps: int, window: int, held_out_from: int = HELD_OUT_FROM,
+              collapsed: bool = False) -> None:
+    """The tuning seeds (< held_out_from) and the held-out seeds, each summarised on its own (``summarize_seeds``),
+    then the targets, judged on the held-out seeds only, then the last lines: raw_ratio= and ratio= (grpo+cf's calls
+    to 90% over grpo's, on the held-out seeds where there are any). With one arm only, its lines and why no ratio."""
+    last: dict[str, float] = {}
+    for label, keep in ((f"tuning seeds (< {held_out_from})", lambda seed: seed < held_out_from),
+                        (f"held-out seeds (>= {held_out_from})", lambda seed: seed >= held_out_from)):
+        part = {arm: [r for r in runs if keep(r.get("seed", 0))] for arm, runs in results.items()}
+        if any(part.values()):
+            print(f"== {label}")
+            last = summarize_seeds(part, steps, window)
+    if "grpo" not in results or not set(CF_ARMS) & set(results):
+        print(f"no ratio: the {', '.join(results)} arm only; --merge its --json file with a file of the other arm "
+              "at the same seeds and settings (FILE:ARM picks one arm of a file)")
+        return
+    for line in target_lines(results, steps, held_out_from, collapsed):
+        print(line)
+    for arm in CF_ARMS[1:]:
+        if f"ratio[{arm}]" in last:
+            print(f"ratio[{arm}]={last[f'ratio[{arm}]']:.3f}")
+    if "ratio[grpo+cf]" in last:
+        print(f"raw_ratio={last['raw_ratio[grpo+cf]']:.3f}")
+        print(f"ratio={last['ratio[grpo+cf]']:.3f}")
+
+
+def summarize_seeds(results: dict[str, list[dict]], steps: int, window: int) -> dict[str, float]:
+    """Per arm: steps and agent calls to 90% of r* by the expected (de-noised) rollout reward, how many seeds got
+    there, and by the raw reward; then each cf arm's paired differences with grpo. Returns each cf arm's ratios of
+    mean calls to 90% (``ratio[arm]``, ``raw_ratio[arm]``)."""
+    calls, raw = {}, {}
+    budget = budgets(results)
     for name, runs in results.items():
-        denoised[name], se_d = mean_se([r["steps_to_target"] for r in runs])
-        raw[name], se_r = mean_se([r["raw_steps_to_target"] for r in runs])
-        censored_d = sum(r["steps_to_target"] > steps for r in runs)
-        censored_r = sum(r["raw_steps_to_target"] > steps for r in runs)
+        if not runs:
+            continue
+        steps_d, se_d = mean_se([r["steps_to_target"] for r in runs])
+        calls[name], se_c = mean_se(arm_calls(runs, budget))
+        raw[name], se_r = mean_se(arm_calls(runs, budget, "raw_steps_to_target"))
+        reached = sum(r["steps_to_target"] <= steps for r in runs)
+        per_step = statistics.fmean(statistics.fmean(r["calls"]) for r in runs)
         expected = mean_se([statistics.fmean(r["expected_curve"][-window:]) for r in runs])
         share = mean_se([statistics.fmean(r["optimal_share"][-window:]) for r in runs])
         valid = statistics.fmean(statistics.fmean(r["valid"][-window:]) for r in runs)
         start = mean_se([r["expected_curve"][0] for r in runs])  # step 1 samples the SFT model, before any update
-        print(f"{name:8s} steps_to_90%: {denoised[name]:.2f} ± {se_d:.2f} (censored {censored_d}) | raw rollout "
-              f"reward: {raw[name]:.2f} ± {se_r:.2f} (censored {censored_r}) | s.e., n={len(runs)} | expected "
+        print(f"{name:9s} calls_to_90%: {calls[name]:.0f} ± {se_c:.0f} | steps_to_90%: {steps_d:.2f} ± {se_d:.2f} | "
+              f"reached 90% within {steps} steps on {reached}/{len(runs)} seeds | agent calls per step {per_step:.1f} "
+              f"| raw rollout reward: calls_to_90% {raw[name]:.0f} ± {se_r:.0f} | s.e., n={len(runs)} | expected "
               f"reward at step 1 (the SFT model's samples) {start[0]:.3f} ± {start[1]:.3f} | last {window} "
               f"steps: expected reward {expected[0]:.3f} ± {expected[1]:.3f}, optimal share {share[0]:.2f} ± "
               f"{share[1]:.2f}, valid {valid:.2f}")
-    if set(results) != set(ARMS):
-        print(f"no ratio: the {', '.join(results)} arm only; --merge its --json file with a file of the other arm "
-              "at the same seeds and settings (FILE:ARM picks one arm of a file)")
-        return
-    for key, label, last in (("expected_curve", "expected reward", window),
-                             ("optimal_share", "optimal share", window),
-                             ("optimal_prob", "P(optimal spec) read from the policy", 1),
-                             ("curve", "raw rollout reward", window)):
-        diff, se, wins = paired_difference(results["grpo"], results["grpo+cf"], key, last)
-        print(f"paired cf - grpo {label} (last {last} steps, same seed): {diff:+.3f} ± {se:.3f} (s.e.), "
-              f"cf ahead on {wins}/{len(results['grpo'])} seeds")
-    grpo_steps = [r["steps_to_target"] for r in results["grpo"]]
-    cf_steps = [r["steps_to_target"] for r in results["grpo+cf"]]
-    diff, se = mean_se([c - g for g, c in zip(grpo_steps, cf_steps, strict=True)])
-    low, high = ratio_interval(grpo_steps, cf_steps)
-    print(f"paired cf - grpo steps_to_90%: {diff:+.2f} ± {se:.2f} (s.e.); ratio 95% interval [{low:.3f}, {high:.3f}] "
-          f"(bootstrap over seeds, resampled in pairs)")
-    print(f"raw_ratio={raw['grpo+cf'] / raw['grpo']:.3f}")
-    print(f"ratio={denoised['grpo+cf'] / denoised['grpo']:.3f}")
+    ratios: dict[str, float] = {}
+    if not results.get("grpo"):
+        return ratios
+    for arm in CF_ARMS:
+        if not results.get(arm):
+            continue
+        label = "cf" if arm == "grpo+cf" else arm
+        for key, what, last in (("expected_curve", "expected reward", window),
+                                ("optimal_share", "optimal share", window),
+                                ("optimal_prob", "P(optimal spec) read from the policy", 1),
+                                ("curve", "raw rollout reward", window)):
+            diff, se, wins = paired_difference(results["grpo"], results[arm], key, last)
+            print(f"paired {label} - grpo {what} (last {last} steps, same seed): {diff:+.3f} ± {se:.3f} (s.e.), "
+                  f"{label} ahead on {wins}/{len(results['grpo'])} seeds")
+        grpo_steps = [r["steps_to_target"] for r in results["grpo"]]
+        cf_steps = [r["steps_to_target"] for r in results[arm]]
+        diff, se = mean_se([c - g for g, c in zip(grpo_steps, cf_steps, strict=True)])
+        pair_budget = budgets({"grpo": results["grpo"], arm: results[arm]})  # a third arm must not move this ratio
+        grpo_calls, cf_calls = arm_calls(results["grpo"], pair_budget), arm_calls(results[arm], pair_budget)
+        low, high = ratio_interval(grpo_calls, cf_calls)
+        print(f"paired {label} - grpo steps_to_90%: {diff:+.2f} ± {se:.2f} (s.e.); calls ratio 95% interval "
+              f"[{low:.3f}, {high:.3f}] (bootstrap over seeds, resampled in pairs)")
+        ratios[f"ratio[{arm}]"] = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
+        ratios[f"raw_ratio[{arm}]"] = (statistics.fmean(arm_calls(results[arm], pair_budget, "raw_steps_to_target"))
+                                       / statistics.fmean(arm_calls(results["grpo"], pair_budget,
+                                                                    "raw_steps_to_target")))
+    return ratios
+
+
+def target_lines(results: dict[str, list[dict]], steps: int, held_out_from: int = HELD_OUT_FROM,
+                 collapsed: bool = False) -> list[str]:
+    """Whether each cf arm met the targets, on the held-out seeds: mean agent calls to 90% of r* at most
+    RATIO_TARGET times grpo's (with the paired bootstrap interval), and from a collapsed start (``collapsed``:
+    --sft-on) 90% reached within the horizon on at least COLLAPSED_TARGET seeds (the grpo arm's share beside it).
+    A count of seeds other than COLLAPSED_TARGET's is scaled to it; fewer seeds than it is "not measured"."""
+    held = {arm: [r for r in runs if r.get("seed", 0) >= held_out_from] for arm, runs in results.items()}
+    if not held.get("grpo"):
+        return [f"target: not measured (no held-out seeds >= {held_out_from} with a grpo arm)"]
+    lines = []
+    for arm in CF_ARMS:
+        if not held.get(arm):
+            continue
+        budget = budgets({"grpo": held["grpo"], arm: held[arm]})
+        grpo_calls, cf_calls = arm_calls(held["grpo"], budget), arm_calls(held[arm], budget)
+        ratio = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
+        low, high = ratio_interval(grpo_calls, cf_calls)
+        verdict = "met" if ratio <= RATIO_TARGET else "not met"
+        lines.append(f"target {arm}: calls ratio <= {RATIO_TARGET} on held-out seeds: {verdict} (ratio {ratio:.3f}, "
+                     f"95% interval [{low:.3f}, {high:.3f}], n={len(cf_calls)})")
+    if collapsed:
+        need, of = COLLAPSED_TARGET
+        reached = {arm: sum(r["steps_to_target"] <= steps for r in runs) for arm, runs in held.items() if runs}
+        shares = ", ".join(f"{arm} {k}/{len(held[arm])}" for arm, k in reached.items())
+        for arm in CF_ARMS:
+            if arm not in reached:
+                continue
+            n = len(held[arm])
+            verdict = ("not measured" if n < of else "met" if reached[arm] * of >= need * n else "not met")
+            lines.append(f"target {arm}: collapsed start reaches 90% of r* on >= {need}/{of} held-out seeds: "
+                         f"{verdict} (reached within {steps} steps: {shares})")
+    return lines
 
 
 def ratio_interval(grpo_steps: Sequence[int], cf_steps: Sequence[int], draws: int = 10_000,
@@ -421,8 +555,10 @@ def paired_difference(grpo: Sequence[dict], cf: Sequence[dict], key: str, window
 # output went); every other option changes what a run measures, so the files must agree on it, options added later
 # too. The options in CF_ARM_ONLY are compared only among the files' grpo+cf arms: the grpo arm samples no edits and
 # its cf_coef is 0, so its runs are the same whatever they say (tests/test_credit_bench.py checks it).
-MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge", "arms"})
+MERGE_MAY_DIFFER = frozenset({"seeds", "first_seed", "sft_cache", "json", "merge", "arms", "held_out_from"})
 CF_ARM_ONLY = frozenset({"edits", "families", "cf_coef", "cf_max_ratio"})
+ARM_ONLY = {**{key: set(CF_ARMS) for key in CF_ARM_ONLY}, "pair_coef": {"grpo+pair"}, "pair_beta": {"grpo+pair"},
+            "grpo_group_size": {"grpo"}}
 # Options of older versions of the bench, since deleted with the switches they set; a file that records them was
 # run by code that no longer exists, so --merge refuses it rather than guess what its settings mean today.
 DELETED_OPTIONS = frozenset({"edit_choice", "null_resets", "span_credit", "cf_weight", "drop_uniform",
@@ -453,9 +589,11 @@ def merge(sources: Sequence[str | Path]) -> None:
         if not held or any(name not in held for name in arms or []):
             raise SystemExit(f"--merge: {path} holds no {(arms or ['run of any'])[0]} arm; it holds "
                              f"{', '.join(held) or 'no runs'}")
+        if doc["args"].get("grpo_group_size") == 0:  # written before it was recorded as run: resolve it the same way
+            doc["args"]["grpo_group_size"] = grpo_group_size(argparse.Namespace(**doc["args"]))
         picked += [(doc, name) for name in arms or held]
     for key in sorted(set().union(*(d["args"] for d, _ in picked)) - MERGE_MAY_DIFFER):
-        compared = [d for d, arm in picked if key not in CF_ARM_ONLY or arm == "grpo+cf"]
+        compared = [d for d, arm in picked if key not in ARM_ONLY or arm in ARM_ONLY[key]]
         values = {json.dumps(d["args"].get(key)) for d in compared}
         if len(values) > 1:
             raise SystemExit(f"--merge: the files differ in {key} ({', '.join(sorted(values))}); merge runs of one "
@@ -467,6 +605,9 @@ def merge(sources: Sequence[str | Path]) -> None:
             if any(r["seed"] == seed for r in results.get(arm, [])):
                 raise SystemExit(f"--merge: seeds [{seed}] are in more than one file of the {arm} arm; merge runs "
                                  "of different seeds")
+            if "calls" not in run:
+                raise SystemExit(f"--merge: a run of the {arm} arm has no agent calls per step (written before the "
+                                 "bench counted them); re-run it with this version")
             results.setdefault(arm, []).append({**run, "seed": seed})
     for runs in results.values():
         runs.sort(key=lambda run: run["seed"])
@@ -476,7 +617,8 @@ def merge(sources: Sequence[str | Path]) -> None:
     first = picked[0][0]  # every file agrees on steps, window and the pool (checked above), so on r* too
     steps, window = first["args"]["steps"], first["args"]["window"]
     print(f"merged {len(sources)} source(s): r*={first['r_star']:.3f} steps={steps}")
-    summarize({arm: results[arm] for arm in ARMS if arm in results}, steps, window)
+    summarize({arm: results[arm] for arm in ARMS if arm in results}, steps, window,
+              first["args"].get("held_out_from") or HELD_OUT_FROM, bool(first["args"].get("sft_on")))
 
 
 def parse_prices(text: str) -> list[float]:
@@ -495,7 +637,7 @@ def main() -> None:
     add = ap.add_argument_group("the run").add_argument
     add("--seeds", type=int, default=16, help="how many seeds to run (each: one run per arm)")
     add("--first-seed", type=int, default=0, help="the first seed; seeds are consecutive from it")
-    add("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+    add("--arms", nargs="+", choices=ARMS, default=list(ARMS[:2]),
         help="which arms to run; a run of one arm prints no ratio: --merge its --json file with the other arm's")
     add("--steps", type=int, default=80,
         help="GRPO steps per arm, also the censoring horizon (a run that never reaches the target counts as "
@@ -527,6 +669,13 @@ def main() -> None:
     add("--credit", choices=["calibrated", "legacy"], default="calibrated",
         help="calibrated: the trainer's credit with --std-floor and --cf-max-ratio; legacy: the paper's formula (no "
              "std floor, no cap; those two options are then ignored). Both arms use it")
+    add("--pair-coef", type=float, default=1.0,
+        help="cf_pair_coef of the grpo+pair arm: weight of the pairwise term (GRPOConfig.cf_pair_coef)")
+    add("--pair-beta", type=float, default=GRPOConfig().cf_pair_beta,
+        help="cf_pair_beta of the grpo+pair arm: scale of the log-prob margin inside −log σ(·)")
+    add("--grpo-group-size", type=int, default=0,
+        help="G of the grpo arm; 0: --group-size scaled up so its agent calls per step come near the cf arms' "
+             "(grpo_group_size)")
     add("--std-floor", type=float, default=GRPOConfig().std_floor,
         help="σ_min: group advantages and contrasts are divided by max(group std, this) (GRPOConfig.std_floor; "
              "changes the grpo arm too)")
@@ -562,6 +711,9 @@ def main() -> None:
              "bench's older tokenizer)")
 
     add = ap.add_argument_group("output").add_argument
+    add("--held-out-from", type=int, default=HELD_OUT_FROM,
+        help="seeds from this one on are held out (never used to choose a setting): summarised apart from the "
+             "others, and the targets are judged on them only")
     add("--json", type=Path, default=None, help="also write the settings and every run's curves here (for --merge)")
     add("--merge", nargs="+", default=None, metavar="FILE[:ARM]",
         help="run nothing: summarise these --json files as one run (FILE:grpo or FILE:grpo+cf takes one arm of a "
@@ -574,6 +726,8 @@ def main() -> None:
                  f"{args.checkers} checker(s))")
     if args.merge:
         return merge(args.merge)
+    # the group the grpo arm really ran, recorded as such: with 0 it follows --edits, so --merge must compare it
+    args.grpo_group_size = grpo_group_size(args)
     torch.set_num_threads(1)
 
     tasks = make_tasks(8)
@@ -594,7 +748,8 @@ def main() -> None:
         print(f"family={FAMILY} checkers={args.checkers} optimum={best} r*={r_star:.3f} target={target:.3f} "
               f"runner_up={second:.3f}r* prices={args.prices or 'shipped'} coupled_draws={args.coupled_draws} "
               f"steps={args.steps} seeds={args.seeds} credit={args.credit} families={args.families} K={args.edits} "
-              f"cf_coef={args.cf_coef}", flush=True)
+              f"cf_coef={args.cf_coef} grpo_group_size={grpo_group_size(args)} pair_coef={args.pair_coef} "
+              f"pair_beta={args.pair_beta}", flush=True)
         if second >= args.fraction:
             print(f"note: a non-optimal assignment earns >= {args.fraction} r*, so the target can be met without "
                   "the optimal one (see --prices)", flush=True)
@@ -609,12 +764,12 @@ def main() -> None:
             random.seed(seed)
             seeded = base.model_copy(update={"seed": seed, "out": str(work / f"run-{seed}" / "x")})
             for name in results:
-                run = {"seed": seed, **run_arm(sft_model, seeded, (train_tasks, eval_tasks), name == "grpo+cf", args,
-                                               rewards)}
+                run = {"seed": seed, **run_arm(sft_model, seeded, (train_tasks, eval_tasks), name, args, rewards)}
                 run["steps_to_target"] = steps_to_reach(run["expected_curve"], target, args.window)
                 run["raw_steps_to_target"] = steps_to_reach(run["curve"], target, args.window)
                 results[name].append(run)
-                print(f"seed={seed} {name:8s} steps_to_target={run['steps_to_target']:3d} "
+                print(f"seed={seed} {name:9s} steps_to_target={run['steps_to_target']:3d} "
+                      f"calls_to_target={calls_to_target(run):.0f} calls={sum(run['calls'])} "
                       f"expected={statistics.fmean(run['expected_curve'][-args.window:]):.3f} "
                       f"p_optimal={run['optimal_prob'][-1]:.2f} raw_steps_to_target={run['raw_steps_to_target']:3d} "
                       f"final={statistics.fmean(run['curve'][-args.window:]):.3f} "
@@ -625,7 +780,7 @@ def main() -> None:
                "pair_rewards": {"/".join(levels): r for levels, r in table.items()},
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": results}
         args.json.write_text(json.dumps(doc, indent=1))
-    summarize(results, args.steps, args.window)
+    summarize(results, args.steps, args.window, args.held_out_from, bool(args.sft_on))
 
 
 if __name__ == "__main__":

@@ -32,10 +32,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import yaml
+
 from lemon_core.pool import CapacityPool
 from lemon_core.roles import BASE_ROLES
-from lemon_core.spec import OrchestrationSpec
-from lemon_core.spec_text import ParsedSpec
+from lemon_core.spec import OrchestrationSpec, SpecError
+from lemon_core.spec_text import ParsedSpec, parse_spec
 
 
 class EditFamily(StrEnum):
@@ -67,6 +69,7 @@ class CounterfactualEdit:
     span: tuple[int, int]
     spec: OrchestrationSpec
     description: str
+    value: str | None = None  # the value the edit puts in the span (a level, a duty); None: it removes the span
 
 
 def _replace_agent(spec: OrchestrationSpec, agent_id: str, **update: object) -> OrchestrationSpec:
@@ -101,10 +104,11 @@ def counterfactual_edits(
     reference = pool.level_names[0]  # what a capacity_reset resets to: the cheapest level
     edits: list[CounterfactualEdit] = []
 
-    def add(family: EditFamily, agent_id: str, field: str, description: str, **update: object) -> None:
+    def add(family: EditFamily, agent_id: str, field: str, description: str, value: str | None = None,
+            **update: object) -> None:
         if family in wanted:  # build only the edits asked for: each is a validated copy of the spec
             edited = _replace_agent(spec, agent_id, **update)
-            edits.append(CounterfactualEdit(family, agent_id, spans[(agent_id, field)], edited, description))
+            edits.append(CounterfactualEdit(family, agent_id, spans[(agent_id, field)], edited, description, value))
 
     for agent in spec.agents:
         for i, parent in enumerate(agent.depends_on):
@@ -113,17 +117,36 @@ def counterfactual_edits(
         default_duty = BASE_ROLES[agent.base_role]
         if agent.duty.strip() != default_duty:
             add(EditFamily.duty_rollback, agent.id, "duty", f"{agent.id}: duty back to the {agent.base_role} default",
-                duty=default_duty)
+                value=default_duty, duty=default_duty)
         if (lower := pool.downgrade(agent.capacity)) is not None:
             add(EditFamily.capacity_downgrade, agent.id, "capacity",
-                f"{agent.id}: capacity {agent.capacity} -> {lower}", capacity=lower)
+                f"{agent.id}: capacity {agent.capacity} -> {lower}", value=lower, capacity=lower)
         if (higher := upgrade(pool, agent.capacity)) is not None:
             add(EditFamily.capacity_upgrade, agent.id, "capacity",
-                f"{agent.id}: capacity {agent.capacity} -> {higher}", capacity=higher)
+                f"{agent.id}: capacity {agent.capacity} -> {higher}", value=higher, capacity=higher)
         if agent.capacity != reference:
             add(EditFamily.capacity_reset, agent.id, "capacity",
-                f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", capacity=reference)
+                f"{agent.id}: capacity {agent.capacity} -> {reference} (the reference level)", value=reference,
+                capacity=reference)
     return edits
+
+
+def written_value(parsed: ParsedSpec, edit: CounterfactualEdit, pool: CapacityPool) -> str | None:
+    """What to write in ``edit.span`` of the completion so that it reads as the edited spec, or None.
+
+    The pairwise credit term (``credit.pair_loss``) scores the edit's value at the place the policy wrote the
+    original one, so it needs text, not a spec. The value is taken verbatim only where the completion with it
+    written in parses to exactly ``edit.spec``: a duty that would need quoting there, or an edit that removes a
+    field (a dropped dependency has no alternative value at that place), gets None and no pairwise term.
+    """
+    if edit.value is None:
+        return None
+    start, end = edit.span
+    try:
+        reparsed = parse_spec(parsed.text[:start] + edit.value + parsed.text[end:], pool)
+    except (SpecError, yaml.YAMLError):
+        return None
+    return edit.value if reparsed.spec == edit.spec else None
 
 
 class EditFamilySampler:

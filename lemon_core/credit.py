@@ -15,6 +15,17 @@ completion i gets the advantage
 σ is the population std of the group's rewards; a group whose rewards are all equal has Â = 0 exactly.
 β = cf_coef, σ_min = std_floor, c = cf_clip, ρ = cf_max_ratio, a_min = cf_ratio_floor (``GRPOConfig``).
 
+The pairwise term (``pair_loss``, off unless ``cf_pair_coef`` > 0) adds, for every edit k that writes another
+value v' where the policy wrote v (a capacity, a duty), a bounded preference loss on the two values' log-probs at
+the same prefix, against the frozen reference:
+
+    L_pair = cf_pair_coef · mean_k w_k · −log σ(β_p · [(log π(v⁺) − log π_ref(v⁺)) − (log π(v⁻) − log π_ref(v⁻))])
+    w_k    = min(|Δ̃_{i,k}|, c),   v⁺ = v if Δ_{i,k} > 0 else v',   v⁻ the other
+
+β_p = cf_pair_beta; log π(v) sums the log-probs of the tokens that write the span (rounded out to whole tokens)
+with v written there. The span term's gradient goes through log π of the sampled value only (d log p / d logit
+= 1 − p, nothing when p ≈ 1); this one also raises log π(v') when the edit measured better, even at p(v') ≈ 0.
+
 So the group advantage is shared by every token, while the contrast of one edit lands only on the tokens
 of the field it changed (a role, a duty, a capacity level, one dependency). Δ > 0 means the original value
 beat the edit, so its tokens are reinforced; Δ < 0 means the edit was better, so they are pushed down.
@@ -29,10 +40,11 @@ the whole completion's group term, and a_min gives a group of identical specs (�
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from lemon_core.config import GRPOConfig
@@ -197,6 +209,7 @@ class Credit:
     floored_groups: int  # non-constant groups whose std was below std_floor (their Â were shrunk)
     capped_tokens: int  # span tokens whose term hit the cf_max_ratio cap
     scaled_delta_abs: dict[str, float]  # per edit family: mean |Δ̃| (contrast in advantage units, clipped)
+    divisors: list[float] = field(default_factory=list)  # per record: s_i, the unit of its contrasts
 
 
 def credit_advantages(
@@ -239,4 +252,67 @@ def credit_advantages(
         floored_groups=sum(bool(low[i]) for i in first.values()),
         capped_tokens=capped,
         scaled_delta_abs={f: sum(v) / len(v) for f, v in sorted(by_family.items())},
+        divisors=divisors,
     )
+
+
+# --- the pairwise term: the edit's value against the sampled one -----------------------------------------------
+def pair_loss(
+    logp_plus: Tensor, ref_plus: Tensor, logp_minus: Tensor, ref_minus: Tensor, weights: Tensor, beta: float,
+) -> Tensor:
+    """w · −log σ(β · [(log π(v⁺) − log π_ref(v⁺)) − (log π(v⁻) − log π_ref(v⁻))]) per pair (module docstring).
+
+    All inputs are [P]: each value's span log-prob (summed over its tokens) under the policy and the reference,
+    and the pair's weight. Bounded below by 0 and, at π = π_ref, equal to w · log 2 with gradient −w · β / 2 on
+    log π(v⁺): the better value gains whatever its probability, and the push fades once the policy prefers it by
+    more than the reference did by a few 1/β nats (DPO's loss, on one field's two values).
+    """
+    margin = (logp_plus - ref_plus) - (logp_minus - ref_minus)
+    return weights * -F.logsigmoid(beta * margin)
+
+
+@dataclass
+class SpanPair:
+    """One edit's two values at one place of a completion, as token ids after a shared prefix.
+
+    ``original`` are the sampled tokens that write the span (every token overlapping it), ``edited`` the same
+    characters with the edit's value in place, re-tokenized; both follow ``completion_ids[:prefix]``.
+    """
+
+    row: int  # the record (completion) it belongs to
+    prefix: int  # completion tokens before the span's first token
+    original: list[int]
+    edited: list[int]
+    weight: float  # w = min(|Δ̃|, cf_clip)
+    original_better: bool  # Δ > 0: the sampled value measured better than the edit's
+
+
+def span_pair_tokens(
+    tokenizer: Any, text: str, offsets: Sequence[tuple[int, int]], completion_ids: Sequence[int],
+    span: tuple[int, int], value: str,
+) -> tuple[int, list[int], list[int]] | None:
+    """(prefix length, original span tokens, edited span tokens) of writing ``value`` over ``span``; None if no
+    token covers the span or both values tokenize alike.
+
+    The span is rounded out to the sampled tokens overlapping it, [a, b) in characters, so both values are scored
+    from the same prefix: the original by its sampled ids, the edit by tokenizing text[a:start] + value +
+    text[end:b] (with BPE merging a value with its leading space, as ``span_token_mask`` counts it).
+    """
+    mask = span_token_mask(offsets, span)
+    where = mask.nonzero().flatten().tolist()
+    if not where:
+        return None
+    first, last = where[0], where[-1]
+    a, b = offsets[first][0], offsets[last][1]
+    piece = text[a : span[0]] + value + text[span[1] : b]
+    edited = list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+    original = list(completion_ids[first : last + 1])
+    if not edited or edited == original:
+        return None
+    return first, original, edited
+
+
+def contrast_weight(delta: float, divisor: float, clip: float | None) -> float:
+    """w = min(|Δ| / s, c): the pair's weight in the units (and under the clip) of the span term's Δ̃."""
+    scaled = abs(float(delta)) / divisor
+    return min(scaled, clip) if clip is not None else scaled

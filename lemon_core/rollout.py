@@ -26,7 +26,7 @@ Record format (one JSON object per line of a shard, the fields of ``RolloutRecor
     spans: {"<agent_id>/<field>": [s, e]}      char spans of every field value in ``text``
     score, reward{success,efficiency,...}      benchmark score in [0, 1] and every reward term
     tokens, cost, agent_calls, answer          execution totals of the original spec
-    edits: [{family, agent_id, span, description, reward, delta}]
+    edits: [{family, agent_id, span, description, reward, delta, value}]   value: what the edit wrote in the span
 
 Token masks for the counterfactual term are built at train time from ``offsets`` and each edit's
 ``span`` (``credit.span_token_mask``), so records do not depend on the trainer's tokenizer being loaded.
@@ -51,6 +51,7 @@ from lemon_core.counterfactual import (
     EditFamily,
     EditFamilySampler,
     counterfactual_edits,
+    written_value,
 )
 from lemon_core.executor import ExecutionCache, Trace, execute_specs
 from lemon_core.policy import OrchestratorPolicy
@@ -93,6 +94,9 @@ class EditResult(BaseModel):
     description: str
     reward: float
     delta: float
+    # what the edit wrote in the span (e.g. "small"), if the completion with it written there reads as the edited
+    # spec (counterfactual.written_value); the pairwise credit term needs it, a dropped dependency has none
+    value: str | None = None
 
 
 class RolloutRecord(BaseModel):
@@ -253,6 +257,7 @@ def collect_rollouts(
                 description=edit.description,
                 reward=r_edit,
                 delta=delta,
+                value=written_value(parsed[i], edit, pool),  # type: ignore[arg-type]
             )
         )
         stats.edit_agent_calls += trace.agent_calls

@@ -1,7 +1,10 @@
 """The GRPO update: per-token advantages of a batch of rollout records, then one clipped-surrogate
 + KL optimizer step per PPO epoch with gradient accumulation over micro-batches.
 
-The advantages live in ``credit.py`` and the loss in ``grpo.py``; this file only feeds them: it packs
+The advantages live in ``credit.py`` and the loss in ``grpo.py``; so does the pairwise term (``credit.pair_loss``,
+with ``grpo.cf_pair_coef`` > 0), whose rows this file builds: each value-replacing edit's two values written at
+the same prefix, scored under the policy and the reference and added to the same gradient. This file only feeds them:
+it packs
 records into micro-batches, computes the reference log-probs, scales each micro-batch's loss to the
 whole batch (over all ranks) and lets the distributed strategy (``dist.py``) reduce the gradients.
 """
@@ -18,7 +21,15 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.config import GRPOConfig, TrainConfig
-from lemon_core.credit import Credit, credit_advantages, span_token_mask
+from lemon_core.credit import (
+    Credit,
+    SpanPair,
+    contrast_weight,
+    credit_advantages,
+    pair_loss,
+    span_pair_tokens,
+    span_token_mask,
+)
 from lemon_core.dist import FSDP, Replicate, Strategy, all_reduce_sum, sum_over_ranks
 from lemon_core.grpo import grpo_loss
 from lemon_core.policy import OrchestratorPolicy
@@ -38,6 +49,63 @@ def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
          for r in records],
         cfg,
     )
+
+
+def record_pairs(records: Sequence[RolloutRecord], credit: Credit, cfg: GRPOConfig, tokenizer: Any) -> list[SpanPair]:
+    """The pairwise term's pairs (``credit.pair_loss``): one per edit that wrote another value in the span
+    (``EditResult.value``; a dropped dependency has none) and measured a contrast of at least
+    ``cf_pair_min_contrast`` in advantage units; Δ = 0 says neither value is better and makes no pair."""
+    pairs = []
+    for row, r in enumerate(records):
+        for e in r.edits:
+            if e.value is None or e.delta == 0 or e.span[1] <= e.span[0]:
+                continue
+            if abs(e.delta) / credit.divisors[row] < cfg.cf_pair_min_contrast:
+                continue
+            made = span_pair_tokens(tokenizer, r.text, r.offsets, r.completion_ids, e.span, e.value)
+            if made is not None:
+                prefix, original, edited = made
+                weight = contrast_weight(e.delta, credit.divisors[row], cfg.cf_clip)
+                pairs.append(SpanPair(row, prefix, original, edited, weight, e.delta > 0))
+    return pairs
+
+
+def pair_rows(records: Sequence[RolloutRecord], pairs: Sequence[SpanPair]) -> tuple[list, list, list[tuple[int, int]]]:
+    """(prompts, completions, (start, end) of the value's tokens) of the rows the pairwise term scores: per pair,
+    the better value's row then the worse one's, each the completion up to the end of that value's tokens."""
+    prompts, completions, spans = [], [], []
+    for p in pairs:
+        rec = records[p.row]
+        prefix = list(rec.completion_ids[: p.prefix])
+        ordered = (p.original, p.edited) if p.original_better else (p.edited, p.original)
+        for value in ordered:
+            prompts.append(rec.prompt_ids)
+            completions.append(prefix + list(value))
+            spans.append((p.prefix, p.prefix + len(value)))
+    return prompts, completions, spans
+
+
+def span_logprobs(policy: OrchestratorPolicy, prompts: Sequence, completions: Sequence,
+                  spans: Sequence[tuple[int, int]], temperature: float, model: Any = None) -> torch.Tensor:
+    """log π(value | prompt, prefix) per row: the sum of the log-probs of the tokens in [start, end)."""
+    lp, _ = policy.logprob_tensor(prompts, completions, temperature, model=model)
+    picked = torch.zeros_like(lp)
+    for j, (a, b) in enumerate(spans):
+        picked[j, a:b] = 1.0
+    return (lp * picked).sum(dim=1)
+
+
+def pair_reference(policy: OrchestratorPolicy, ref_model: Any, prompts: Sequence, completions: Sequence,
+                   spans: Sequence[tuple[int, int]], temperature: float) -> torch.Tensor:
+    """log π_ref of each pair row, no grad: the frozen reference where the trainer keeps one (a model, or the
+    LoRA base), else the policy before this update (π_old), so the term still compares against a fixed point."""
+    with torch.no_grad():
+        if ref_model is not None:
+            return span_logprobs(policy, prompts, completions, spans, temperature, model=ref_model)
+        if hasattr(policy.model, "disable_adapter"):
+            with policy.model.disable_adapter():
+                return span_logprobs(policy, prompts, completions, spans, temperature)
+        return span_logprobs(policy, prompts, completions, spans, temperature)
 
 
 def constant_groups_figure(row: Any) -> str:
@@ -95,8 +163,17 @@ def grpo_update(
         sharded = fsdp.is_sharded(model)
         fsdp_strategy = FSDP(cfg.device, d.fsdp_reshard_after_forward, d.fsdp_gather_for_sampling)
         strategy = fsdp_strategy if sharded else Replicate()
+    if cfg.grpo.cf_pair_coef > 0 and strategy.sharded:
+        # its reference and policy passes run per rank's own pairs, and a sharded forward is a collective
+        raise ValueError("grpo.cf_pair_coef > 0 is not supported with distributed.strategy: fsdp (ranks would run "
+                         "different numbers of forwards); use the replicate strategy or set cf_pair_coef: 0")
     credit = record_credit(records, cfg.grpo) if records else None
     advantages = credit.advantages if credit else []
+    pairs = (record_pairs(records, credit, cfg.grpo, policy.tokenizer)
+             if credit is not None and cfg.grpo.cf_pair_coef > 0 else [])
+    pair_batches = pair_micro_batches(policy, ref_model, records, pairs, cfg.optim.micro_batch_size)
+    total_pairs = all_reduce_sum(float(len(pairs))) if cfg.grpo.cf_pair_coef > 0 else 0.0
+    n_pair_micro = strategy.micro_batches(len(pair_batches)) if cfg.grpo.cf_pair_coef > 0 else 0
     keep = [not (cfg.rollout.mask_truncated and r.truncated) for r in records]  # truncated: no gradient
     total_tokens = all_reduce_sum(float(sum(len(r.completion_ids) for r, k in zip(records, keep, strict=True) if k)))
     total_seqs = all_reduce_sum(float(sum(1 for r, k in zip(records, keep, strict=True) if k and r.completion_ids)))
@@ -130,6 +207,15 @@ def grpo_update(
                 sums[k] += v * (tokens if k != "loss" else 1.0)
             sums["_tokens"] += tokens
             bar.update(1)
+        for i in range(n_pair_micro):  # the pairwise term, into the same gradient (FSDP: every rank as many)
+            if i >= len(pair_batches):
+                loss, _, _ = micro_batch_loss(policy, ref_model, padding, cfg, total_tokens, total_seqs)
+                (loss * 0.0).backward()
+                continue
+            loss, stats = pair_micro_loss(policy, pair_batches[i], cfg.grpo, total_pairs)
+            loss.backward()
+            for k, v in stats.items():
+                sums[k] += v
         strategy.reduce_gradients(model)
         sums["grad_norm"] += fsdp.clip_grad_norm(model, cfg.optim.max_grad_norm)
         optimizer.step()
@@ -137,6 +223,7 @@ def grpo_update(
     bar.close()
     model.eval()
     grad_norm = sums.pop("grad_norm")  # identical on every rank after the all-reduce
+    pair_sums = {k: sums.pop(k, 0.0) for k in ("_pair_loss", "_pair_right", "_pairs")}
     sums = sum_over_ranks(sums)
     n_tok, epochs = max(sums.pop("_tokens", 0.0), 1.0), cfg.optim.epochs_per_batch
     metrics = {k: (v / epochs if k == "loss" else v / n_tok) for k, v in sums.items()}
@@ -150,7 +237,56 @@ def grpo_update(
         counts.update({"credit/groups": credit.groups, "credit/constant_groups": credit.constant_groups,
                        "credit/floored_groups": credit.floored_groups, "credit/capped_tokens": credit.capped_tokens})
     metrics.update(sum_over_ranks(counts))  # whole groups live on one rank (shard_by_group): sums are exact
+    if cfg.grpo.cf_pair_coef > 0:
+        pair_sums = sum_over_ranks(pair_sums)
+        scored = max(pair_sums["_pairs"], 1.0)
+        metrics["credit/pairs"] = total_pairs
+        metrics["credit/pair_loss"] = pair_sums["_pair_loss"] / scored  # mean w · −log σ(β · margin), before the coef
+        metrics["credit/pair_pref_acc"] = pair_sums["_pair_right"] / scored  # share whose margin is already > 0
     return metrics
+
+
+@dataclass
+class PairBatch:
+    """One micro-batch of the pairwise term: 2 rows per pair (better value, then worse), their reference
+    log-probs (fixed for the whole update) and the pairs' weights."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    spans: list[tuple[int, int]]
+    ref: torch.Tensor  # [2P] log π_ref of each row's value
+    weights: torch.Tensor  # [P]
+    temperature: float
+
+
+def pair_micro_batches(policy: OrchestratorPolicy, ref_model: Any, records: Sequence[RolloutRecord],
+                       pairs: Sequence[SpanPair], pairs_per_batch: int) -> list[PairBatch]:
+    """The pairs in micro-batches of ``pairs_per_batch`` pairs, each with its reference log-probs."""
+    out = []
+    for lo in range(0, len(pairs), max(pairs_per_batch, 1)):
+        chunk = pairs[lo : lo + pairs_per_batch]
+        prompts, completions, spans = pair_rows(records, chunk)
+        temperature = records[chunk[0].row].temperature
+        ref = pair_reference(policy, ref_model, prompts, completions, spans, temperature)
+        out.append(PairBatch(prompts, completions, spans, ref.float().cpu(),
+                             torch.tensor([p.weight for p in chunk], dtype=torch.float32), temperature))
+    return out
+
+
+def pair_micro_loss(policy: OrchestratorPolicy, batch: PairBatch, cfg: GRPOConfig,
+                    total_pairs: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """cf_pair_coef · Σ_k w_k ℓ_k / (pairs in the whole step) over this micro-batch's pairs, and its sums for the
+    metrics (``_pair_loss`` = Σ w ℓ, ``_pair_right`` = pairs whose margin is > 0, ``_pairs``)."""
+    logp = span_logprobs(policy, batch.prompts, batch.completions, batch.spans, batch.temperature)
+    ref = batch.ref.to(logp.device, logp.dtype)
+    weights = batch.weights.to(logp.device, logp.dtype)
+    per_pair = pair_loss(logp[0::2], ref[0::2], logp[1::2], ref[1::2], weights, cfg.cf_pair_beta)
+    loss = cfg.cf_pair_coef * per_pair.sum() / max(total_pairs, 1.0)
+    with torch.no_grad():
+        margin = (logp[0::2] - ref[0::2]) - (logp[1::2] - ref[1::2])
+        stats = {"_pair_loss": float(per_pair.sum()), "_pair_right": float((margin > 0).sum()),
+                 "_pairs": float(margin.numel())}
+    return loss, stats
 
 
 @dataclass

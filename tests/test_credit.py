@@ -12,10 +12,13 @@ from lemon_core.credit import (
     STD_EPS,
     cap_span_term,
     contrast_divisor,
+    contrast_weight,
     credit_advantages,
     group_advantages,
     group_stats,
+    pair_loss,
     span_mask_from_tokenizer,
+    span_pair_tokens,
     span_term,
     span_token_mask,
 )
@@ -310,3 +313,67 @@ def test_constant_groups_are_counted_and_get_no_group_advantage() -> None:
     assert group_term[:3] == [0.0] * 3 and group_term[6:] == [0.0] * 3
     assert all(abs(a) > 0.5 for a in group_term[3:6])
     assert float(credit.advantages[0][0]) < 0  # the span term still reaches a constant group's edited tokens
+
+
+# --- the pairwise term ----------------------------------------------------------------------------------------
+def test_pair_loss_by_hand() -> None:
+    # margin = (−1 − (−2)) − (−3 − (−1)) = 1 + 2 = 3; β = 0.5: w · log(1 + e^{−1.5}) with w = 2
+    loss = pair_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), torch.tensor([-1.0]),
+                     torch.tensor([2.0]), beta=0.5)
+    assert loss.item() == pytest.approx(2 * math.log1p(math.exp(-1.5)), rel=1e-6)
+    # at π = π_ref the margin is 0: w · log 2, whatever the values' probabilities
+    same = pair_loss(torch.tensor([-9.2]), torch.tensor([-9.2]), torch.tensor([-1e-4]), torch.tensor([-1e-4]),
+                     torch.tensor([0.5]), beta=0.1)
+    assert same.item() == pytest.approx(0.5 * math.log(2), rel=1e-6)
+    # bounded: a margin the policy already agrees with costs almost nothing; one it disagrees with grows linearly
+    ones = torch.ones(1)
+    assert pair_loss(ones * 50, ones * 0, ones * 0, ones * 0, ones, beta=1.0).item() < 1e-20
+    assert pair_loss(ones * 0, ones * 0, ones * 50, ones * 0, ones, beta=1.0).item() == pytest.approx(50, rel=1e-6)
+
+
+def test_pair_gradient_raises_the_better_value_even_at_tiny_probability() -> None:
+    """One span token, vocabulary [v⁺, v⁻, other]: the policy writes v⁻ with p ≈ 1 and v⁺ with p = 1e-4.
+
+    At π = π_ref, dL/dlog π(v⁺) = −wβ/2 and dL/dlog π(v⁻) = +wβ/2, so by d log p_j / d z_i = [i = j] − p_i the
+    gradient on v⁺'s logit is −wβ/2 · (1 − p⁺) + wβ/2 · (0 − p⁺) = −wβ/2 exactly: the push does not shrink with
+    p⁺. The span term's surrogate −A · log π(v⁻) on the sampled value gives v⁺'s logit only A · p⁺ = 1e-4 · A."""
+    z = torch.tensor([math.log(1e-4), 0.0, -30.0], dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():  # make p(v⁺) exactly 1e-4: z0 = log(1e-4 · Σ_{j≠0} e^{z_j} / (1 − 1e-4))
+        z[0] = math.log(1e-4 / (1 - 1e-4) * (math.exp(0.0) + math.exp(-30.0)))
+    logp = torch.log_softmax(z, dim=0)
+    assert logp[0].exp().item() == pytest.approx(1e-4, rel=1e-9)
+    w, beta = 1.0, 0.1
+    ref = logp.detach()
+    loss = pair_loss(logp[:1], ref[:1], logp[1:2], ref[1:2], torch.tensor([w], dtype=torch.float64), beta)
+    loss.sum().backward()
+    assert z.grad[0].item() == pytest.approx(-w * beta / 2, rel=1e-9)
+    # a descent step at lr = 10 moves v⁺'s logit up by 0.5 and v⁻'s (which holds the mass) down by 0.5, so
+    # log π(v⁺) rises by about 1 nat
+    with torch.no_grad():
+        after = torch.log_softmax(z - 10 * z.grad, dim=0)
+    assert z.grad[1].item() == pytest.approx(w * beta / 2, rel=1e-3)
+    assert after[0].item() - logp[0].item() == pytest.approx(1.0, rel=1e-3)
+
+    z2 = z.detach().clone().requires_grad_(True)  # the span term alone: −A · log π(sampled v⁻) with A = −1
+    (1.0 * torch.log_softmax(z2, dim=0)[1]).backward()
+    assert abs(z2.grad[0].item()) == pytest.approx(1e-4, rel=1e-6)
+
+
+def test_span_pair_tokens_score_both_values_from_the_same_prefix(yaml_tokenizer) -> None:  # noqa: ANN001
+    text = "  - id: verifier\n    capacity: large\n    depends_on: [solver]\n"
+    start = text.index("large")
+    ids = yaml_tokenizer(text, add_special_tokens=False)["input_ids"]
+    offsets = offsets_from_token_ids(yaml_tokenizer, ids)
+    prefix, original, edited = span_pair_tokens(yaml_tokenizer, text, offsets, ids, (start, start + 5), "small")
+    assert ids[prefix : prefix + len(original)] == original
+    written = yaml_tokenizer.decode(ids[:prefix] + original)
+    assert written.endswith("large") and text.startswith(written)
+    assert yaml_tokenizer.decode(ids[:prefix] + edited) == written[: -len("large")] + "small"
+    assert span_pair_tokens(yaml_tokenizer, text, offsets, ids, (start, start + 5), "large") is None  # no change
+
+
+def test_contrast_weight_is_the_span_terms_scaled_and_clipped_contrast() -> None:
+    assert contrast_weight(-0.05, 0.1, 2.0) == pytest.approx(0.5)
+    assert contrast_weight(0.9, 0.1, 2.0) == 2.0
+    assert contrast_weight(0.9, 0.1, None) == pytest.approx(9.0)
+    assert GRPOConfig().cf_pair_coef == 0  # off unless asked for

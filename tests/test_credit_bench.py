@@ -110,7 +110,8 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
     assert merged.stdout.strip().splitlines()[-2:] == lines[-2:]
 
     # One arm per run: the GRPO arm alone with other counterfactual options (which it ignores: bench/credit.py's
-    # CF_ARM_ONLY) writes the same curves, and the cf arm alone merged with the first run's GRPO arm gives its ratio.
+    # ARM_ONLY; its group size is derived from --edits unless given, so it is given here) writes the same curves,
+    # and the cf arm alone merged with the first run's GRPO arm gives its ratio.
     def one_arm(arm: str, name: str, *options: str) -> dict:
         alone = subprocess.run(
             [sys.executable, str(REPO / "bench" / "credit.py"), "--seeds", "1", "--steps", "2", "--window", "1",
@@ -122,7 +123,7 @@ def test_bench_runs_end_to_end_and_merge_prints_the_same_ratio(tmp_path: Path) -
 
     first = json.loads((tmp_path / "run.json").read_text())["results"]
     grpo_alone = one_arm("grpo", "grpo.json", "--families", "all", "--edits", "3", "--cf-max-ratio", "2",
-                         "--cf-coef", "1")
+                         "--cf-coef", "1", "--grpo-group-size", "15")
     assert list(grpo_alone) == ["grpo"] and grpo_alone["grpo"][0]["seed"] == 0
     for key in ("curve", "expected_curve", "optimal_share", "valid", "optimal_prob"):
         assert grpo_alone["grpo"][0][key] == first["grpo"][0][key], key
@@ -258,9 +259,72 @@ def test_coupled_draws_reach_every_level_of_the_bench_pool_and_change_nothing_el
             lv.options for lv in plain.levels]
 
 
-def _fake_run(steps: int) -> dict:
+def _fake_run(steps: int, calls_per_step: int = 10, horizon: int = 80, **extra: object) -> dict:
+    """A run that reached the target at ``steps`` (horizon + 1: never), running ``calls_per_step`` calls a step."""
     return {"steps_to_target": steps, "raw_steps_to_target": steps, "curve": [0.5], "expected_curve": [0.5],
-            "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1]}
+            "optimal_share": [0.5], "valid": [1.0], "optimal_prob": [0.1], "calls": [calls_per_step] * horizon,
+            **extra}
+
+
+def test_calls_to_target_counts_the_calls_that_ran_and_censors_like_steps() -> None:
+    credit = _credit()
+    run = {"calls": [4, 10, 6], "steps_to_target": 2, "raw_steps_to_target": 4}
+    assert credit.calls_to_target(run) == 14  # steps 1 and 2
+    assert credit.calls_to_target(run, "raw_steps_to_target") == 4 + 10 + 6 + 6  # never: the horizon + one step
+    # the budget of a seed is its dearest arm's: a collapsed arm that never gets there (its identical specs share
+    # their calls) is not cheaper than one that does
+    cheap = {"seed": 1, "calls": [1, 1, 1], "steps_to_target": 4}
+    dear = {"seed": 1, "calls": [9, 9, 9], "steps_to_target": 2}
+    budget = credit.budgets({"grpo": [cheap], "grpo+cf": [dear]})
+    assert budget == {1: 36.0}
+    assert credit.arm_calls([cheap, dear], budget) == [36.0, 18.0]
+
+
+def _lines(credit: ModuleType, capsys: pytest.CaptureFixture, results: dict, collapsed: bool) -> list[str]:
+    credit.summarize(results, 80, 1, collapsed=collapsed)
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_the_targets_say_not_met_when_nothing_was_learned(capsys: pytest.CaptureFixture) -> None:
+    """16 held-out seeds where the cf arm is GRPO's twin (same steps, same calls), none of them reaching 90% of r*
+    within the horizon: both targets are "not met", and the ratio is 1."""
+    credit = _credit()
+    never = [_fake_run(81, seed=32 + i) for i in range(16)]
+    out = _lines(credit, capsys, {"grpo": never, "grpo+cf": [dict(r) for r in never]}, collapsed=True)
+    assert out[-1] == "ratio=1.000"
+    assert "target grpo+cf: calls ratio <= 0.75 on held-out seeds: not met (ratio 1.000, 95% interval " \
+           "[1.000, 1.000], n=16)" in out
+    assert any(line.startswith("target grpo+cf: collapsed start reaches 90% of r* on >= 12/16 held-out seeds: not "
+                               "met (reached within 80 steps: grpo 0/16, grpo+cf 0/16)") for line in out)
+    assert "== held-out seeds (>= 32)" in out and "== tuning seeds (< 32)" not in out
+
+
+def test_the_targets_say_met_when_the_cf_arm_learned_in_fewer_calls(capsys: pytest.CaptureFixture) -> None:
+    """The grpo arm runs more calls per step (its larger group) and never gets there; the cf arm gets there at step
+    20 on 12 of 16 held-out seeds, and a censored run counts its seed's budget (81 · 15, the grpo arm's):
+    (12 · 20 · 10 + 4 · 81 · 15) / (16 · 81 · 15) = 0.373 <= 0.75, and 12/16 is met.
+    Tuning seeds (< 32) are summarised apart and do not count: there the cf arm never gets there."""
+    credit = _credit()
+    grpo = [_fake_run(81, calls_per_step=15, seed=32 + i) for i in range(16)]
+    cf = [_fake_run(20 if i < 12 else 81, seed=32 + i) for i in range(16)]
+    tuning_grpo = [_fake_run(10, seed=i) for i in range(2)]
+    tuning_cf = [_fake_run(81, seed=i) for i in range(2)]
+    out = _lines(credit, capsys, {"grpo": tuning_grpo + grpo, "grpo+cf": tuning_cf + cf}, collapsed=True)
+    ratio = (12 * 20 * 10 + 4 * 81 * 15) / (16 * 81 * 15)
+    assert out[-1] == f"ratio={ratio:.3f}"
+    assert any(line.startswith(f"target grpo+cf: calls ratio <= 0.75 on held-out seeds: met (ratio {ratio:.3f}")
+               for line in out)
+    assert any(line.startswith("target grpo+cf: collapsed start reaches 90% of r* on >= 12/16 held-out seeds: met "
+                               "(reached within 80 steps: grpo 0/16, grpo+cf 12/16)") for line in out)
+    tuning = out.index("== tuning seeds (< 32)")
+    held = out.index("== held-out seeds (>= 32)")
+    assert tuning < held and any(line.startswith("grpo+cf   calls_to_90%: 810 ") for line in out[tuning:held])
+    # 11 of 16 is one short; 15 seeds are too few to judge
+    short = [_fake_run(20 if i < 11 else 81, seed=32 + i) for i in range(16)]
+    out = _lines(credit, capsys, {"grpo": grpo, "grpo+cf": short}, collapsed=True)
+    assert any("collapsed start" in line and ": not met (" in line for line in out)
+    out = _lines(credit, capsys, {"grpo": grpo[:15], "grpo+cf": cf[:15]}, collapsed=True)
+    assert any("collapsed start" in line and ": not measured (" in line for line in out)
 
 
 def test_merge_refuses_runs_of_different_settings_or_repeated_seeds(tmp_path: Path,
@@ -418,5 +482,6 @@ def test_the_ratio_interval_resamples_seeds_in_pairs(capsys: pytest.CaptureFixtu
     assert credit.ratio_interval(grpo, cf) == (low, high)  # seeded: the same interval every run
     credit.summarize({"grpo": [_fake_run(s) for s in grpo], "grpo+cf": [_fake_run(s) for s in cf]}, 80, 1)
     out = capsys.readouterr().out
-    assert f"paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); ratio 95% interval [{low:.3f}, {high:.3f}]" in out
+    assert ("paired cf - grpo steps_to_90%: -17.00 ± 12.07 (s.e.); calls ratio 95% interval "
+            f"[{low:.3f}, {high:.3f}]") in out
     assert out.strip().splitlines()[-1] == "ratio=0.547"

@@ -60,6 +60,23 @@ class GRPOConfig(BaseModel):
         description="a_min in the cap ρ · max(|Â|, a_min): what a group term near 0 counts as, so a group of "
         "identical specs (Â = 0) still gets a span signal and a collapsed policy is not a fixed point",
     )
+    cf_pair_coef: float = Field(
+        default=0.0, ge=0,
+        description="weight of the pairwise term: for each value-replacing edit (capacity, duty), a bounded "
+        "preference loss between the span's sampled value and the edit's value at the same prefix, pushing up "
+        "the one with the higher measured reward. Unlike the span term it moves the alternative's log-prob "
+        "too, so a value the policy writes with p ≈ 1 can still lose to a better one. 0 = off",
+    )
+    cf_pair_beta: float = Field(
+        default=0.1, gt=0,
+        description="β_pair: scale of the log-prob margin (policy over reference, better value over worse) inside "
+        "the pairwise term's −log σ(·); smaller keeps pushing longer before the term saturates",
+    )
+    cf_pair_min_contrast: float = Field(
+        default=0.0, ge=0,
+        description="pairs whose scaled contrast |Δ̃| is below this are skipped, so an edit that changed nothing "
+        "measurable does not pick a winner by noise; 0 keeps every pair with Δ ≠ 0",
+    )
     loss_aggregation: Literal["token", "sequence"] = Field(
         default="token",
         description="token: per-token losses summed over the batch and divided by the token count (DAPO: long "
