@@ -93,17 +93,13 @@ def results_table(root: str) -> list[str]:
     with the paired test on the same problems (``p=``), then the comparison over all benchmarks and each method's
     mean training reward (an orchestrator's own call counted)."""
     from lemon_core import storage
-    from lemon_core.comparison import paired_test, per_problem, pooled_cost, trained_versus_sft
+    from lemon_core.comparison import paired_test, per_problem, pooled, pooled_cost, trained_versus_sft
     from lemon_core.config import ORCHESTRATOR, SFT_ORCHESTRATOR
+    from lemon_core.stages import read_cell_traces, read_summaries
 
-    cells = {}
-    for uri in storage.list(storage.join(root, "eval")):
-        if uri.endswith("summary.json"):
-            row = json.loads(storage.read_text(uri))
-            traces_uri = uri.rsplit("/", 1)[0] + "/traces.jsonl"
-            records = [json.loads(x) for x in storage.read_text(traces_uri).splitlines() if x.strip()] \
-                if storage.exists(traces_uri) else []
-            cells[(row["benchmark"], row["method"])] = (row, records)
+    summaries = [u for u in storage.list(storage.join(root, "eval")) if u.endswith("summary.json")]
+    cells = {(row["benchmark"], row["method"]): (row, read_cell_traces(uri) or [])
+             for uri, row in zip(summaries, read_summaries(summaries), strict=True)}
     lines = []
     for (benchmark, method), (r, records) in sorted(cells.items()):
         own = r.get("orchestrator_cost_usd")  # an orchestrator also pays its own call: shown, not hidden
@@ -130,7 +126,7 @@ def results_table(root: str) -> list[str]:
     by_method: dict[str, list[dict]] = {}
     for (_, method), (r, _) in cells.items():
         by_method.setdefault(method, []).append(r)
-    rewards = {m: sum(r["mean_reward"] * r["n"] for r in rs) / sum(r["n"] for r in rs)
+    rewards = {m: pooled(rs, lambda r: float(r["mean_reward"]))[0]
                for m, rs in by_method.items() if all(r.get("mean_reward") is not None for r in rs)}
     if rewards:
         ranked = sorted(rewards.items(), key=lambda x: -x[1])

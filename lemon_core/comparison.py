@@ -7,7 +7,7 @@ Light on purpose (no torch): the gate, the report and the printed table all use 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,16 +57,20 @@ def paired_test(scores_a: Mapping[str, float], scores_b: Mapping[str, float]) ->
                       p=sign_test_p(wins, losses), difference_ci=mean_interval(diffs))
 
 
+def pooled(rows: Sequence[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], float]) -> tuple[float, int]:
+    """(n-weighted mean of ``value(row)``, n) over one method's rows of the run's benchmarks."""
+    n = sum(int(r.get("n", 1)) for r in rows)
+    return sum(value(r) * int(r.get("n", 1)) for r in rows) / max(n, 1), n
+
+
 def pooled_accuracy(rows: Sequence[Mapping[str, Any]]) -> tuple[float, int]:
     """(n-weighted accuracy, n) of one method's rows over the run's benchmarks."""
-    n = sum(int(r.get("n", 1)) for r in rows)
-    return sum(float(r["accuracy"]) * int(r.get("n", 1)) for r in rows) / max(n, 1), n
+    return pooled(rows, lambda r: float(r["accuracy"]))
 
 
 def pooled_cost(rows: Sequence[Mapping[str, Any]]) -> float:
     """n-weighted whole cost per example (``total_cost``) of one method's rows."""
-    n = sum(int(r.get("n", 1)) for r in rows)
-    return sum(total_cost(r) * int(r.get("n", 1)) for r in rows) / max(n, 1)
+    return pooled(rows, total_cost)[0]
 
 
 def dominating_baseline(

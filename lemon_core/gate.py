@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from lemon_core.comparison import dominating_baseline, pooled_cost
+from lemon_core.comparison import dominating_baseline, pooled, pooled_cost
 from lemon_core.config import ORCHESTRATOR, SFT_ORCHESTRATOR, PipelineConfig
 from lemon_core.errors import LemonError
 from lemon_core.stats import wilson_interval
@@ -35,8 +35,7 @@ class PublishDecision(BaseModel):
 
 def _pooled(rows: Sequence[dict[str, Any]], metric: str) -> tuple[float, float]:
     """(n-weighted mean of ``metric``, upper 95% bound); the bound is Wilson's for accuracy."""
-    n = sum(int(r.get("n", 1)) for r in rows)
-    value = sum(float(r[metric]) * int(r.get("n", 1)) for r in rows) / max(n, 1)
+    value, n = pooled(rows, lambda r: float(r[metric]))
     upper = wilson_interval(value * n, n)[1] if metric == "accuracy" else value
     return value, upper
 

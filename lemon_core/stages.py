@@ -377,6 +377,15 @@ def read_summaries(uris: Sequence[str]) -> list[dict[str, Any]]:
     return [json.loads(storage.read_text(u)) for u in uris]
 
 
+def read_cell_traces(summary_uri: str) -> list[dict[str, Any]] | None:
+    """The records of the evaluation cell whose ``summary.json`` is ``summary_uri`` (its ``traces.jsonl`` beside it);
+    None when the cell wrote no traces."""
+    uri = storage.join(summary_uri.rsplit("/", 1)[0], "traces.jsonl")
+    if not storage.exists(uri):
+        return None
+    return [json.loads(x) for x in storage.read_text(uri).splitlines() if x.strip()]
+
+
 def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path) -> dict[str, Path]:
     """HTML + Markdown report with the Pareto plot and (when training ran) the reward curve; written
     locally to ``out_dir`` and copied to ``<run>/report``. It also says whether the gate publishes."""
@@ -424,10 +433,8 @@ def stage_report(cfg: PipelineConfig, summary_uris: Sequence[str], out_dir: Path
         tables = {"SFT warm-up": sft_rows(json.loads(storage.read_text(sft_uri))), **tables}
     traces = {}  # every cell's: the orchestrators' choices, and the baselines' specs to name a copy by
     for uri, row in zip(summary_uris, rows, strict=True):
-        traces_uri = uri.rsplit("/", 1)[0] + "/traces.jsonl"
-        if storage.exists(traces_uri):
-            text = storage.read_text(traces_uri)
-            traces[row["benchmark"], row["method"]] = [json.loads(x) for x in text.splitlines() if x.strip()]
+        if (records := read_cell_traces(uri)) is not None:
+            traces[row["benchmark"], row["method"]] = records
     paths = write_report(rows, out_dir, title=f"lemon report: {cfg.name}", notes=notes, extra_images=images,
                          tables=tables, traces=traces, levels=pool.level_names)
     for p in out_dir.iterdir():
