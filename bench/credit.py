@@ -15,8 +15,8 @@ the same tasks, steps, optimizer and advantage function (lemon_core.credit.credi
             default G scaled so its agent calls per step come near the cf arms', which spend calls on edits);
   grpo+cf   GRPO + LEMON's localized counterfactual term: K edits per sampled spec are re-executed (node cache) and
             their reward contrast goes onto the edited field's tokens (β = --cf-coef, capped by --cf-max-ratio);
-  grpo+pair grpo+cf plus the pairwise term (GRPOConfig.cf_pair_coef = --pair-coef): each value-replacing edit's two
-            values, at the same prefix, in a bounded preference loss against the reference (credit.pair_loss).
+  grpo+pair grpo+cf plus the pairwise term (GRPOConfig.cf_pair_coef = --pair-coef): each capacity edit's two
+            levels, at the same prefix, in a bounded preference loss against the reference (credit.pair_loss).
 
 Metric. Each sampled spec counts at its expected reward E[reward | spec, task] (``SpecRewards``: 30 seeded
 executions on the pool, cached), an invalid one at the penalty it got; r* is the optimal spec's. A run reaches the

@@ -15,9 +15,9 @@ completion i gets the advantage
 σ is the population std of the group's rewards; a group whose rewards are all equal has Â = 0 exactly.
 β = cf_coef, σ_min = std_floor, c = cf_clip, ρ = cf_max_ratio, a_min = cf_ratio_floor (``GRPOConfig``).
 
-The pairwise term (``pair_loss``, off unless ``cf_pair_coef`` > 0) adds, for every edit k that writes another
-value v' where the policy wrote v (a capacity, a duty), a bounded preference loss on the two values' log-probs at
-the same prefix, against the frozen reference:
+The pairwise term (``pair_loss``, off unless ``cf_pair_coef`` > 0) adds, for every capacity edit k that writes
+another level v' where the policy wrote v, a bounded preference loss on the two values' log-probs at the same
+prefix, against the frozen reference:
 
     L_pair = cf_pair_coef · mean_k w_k · −log σ(β_p · [(log π(v⁺) − log π_ref(v⁺)) − (log π(v⁻) − log π_ref(v⁻))])
     w_k    = min(|Δ̃_{i,k}|, c),   v⁺ = v if Δ_{i,k} > 0 else v',   v⁻ the other

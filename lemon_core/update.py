@@ -21,6 +21,7 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.config import GRPOConfig, TrainConfig
+from lemon_core.counterfactual import EditFamily
 from lemon_core.credit import (
     Credit,
     SpanPair,
@@ -51,14 +52,21 @@ def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
     )
 
 
+# Edits whose two values the pairwise term compares: capacity levels, one word each. A duty rollback's pair would
+# push a whole sentence down token by token against the reference (DPO's failure on long spans: the mass goes to
+# text neither value wrote), and on the credit bench it did: garbled specs and a policy far from the optimum.
+PAIR_FAMILIES = frozenset(f.value for f in (EditFamily.capacity_reset, EditFamily.capacity_downgrade,
+                                            EditFamily.capacity_upgrade))
+
+
 def record_pairs(records: Sequence[RolloutRecord], credit: Credit, cfg: GRPOConfig, tokenizer: Any) -> list[SpanPair]:
-    """The pairwise term's pairs (``credit.pair_loss``): one per edit that wrote another value in the span
-    (``EditResult.value``; a dropped dependency has none) and measured a contrast of at least
-    ``cf_pair_min_contrast`` in advantage units; Δ = 0 says neither value is better and makes no pair."""
+    """The pairwise term's pairs (``credit.pair_loss``): one per capacity edit (``PAIR_FAMILIES``) that wrote
+    another level in the span (``EditResult.value``) and measured a contrast of at least ``cf_pair_min_contrast``
+    in advantage units; Δ = 0 says neither value is better and makes no pair."""
     pairs = []
     for row, r in enumerate(records):
         for e in r.edits:
-            if e.value is None or e.delta == 0 or e.span[1] <= e.span[0]:
+            if e.family not in PAIR_FAMILIES or e.value is None or e.delta == 0 or e.span[1] <= e.span[0]:
                 continue
             if abs(e.delta) / credit.divisors[row] < cfg.cf_pair_min_contrast:
                 continue

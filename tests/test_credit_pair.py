@@ -20,7 +20,7 @@ from lemon_core.reward import RewardTerms
 from lemon_core.rollout import EditResult, RolloutRecord
 from lemon_core.spec import AgentSpec, OrchestrationSpec
 from lemon_core.spec_text import parse_spec
-from lemon_core.update import grpo_update
+from lemon_core.update import grpo_update, record_credit, record_pairs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import build_tiny_chat_model  # noqa: E402
@@ -129,3 +129,20 @@ def test_the_pair_term_is_refused_under_fsdp(tiny: Path) -> None:
     with pytest.raises(ValueError, match="not supported with distributed.strategy: fsdp"):
         grpo_update(policy, None, _records(policy, -0.05), None, None, cfg,  # type: ignore[arg-type]
                     strategy=SimpleNamespace(sharded=True))  # type: ignore[arg-type]
+
+
+def test_only_capacity_edits_make_pairs(tiny: Path) -> None:
+    """A duty rollback also writes a value in its span, but its pair would push a whole sentence down against the
+    reference; only the capacity edit's two levels are compared."""
+    policy = OrchestratorPolicy.load(str(tiny), include_roles=False, include_format=False)
+    records = _records(policy, delta=-0.05)
+    duty = parse_spec(records[0].text, load_pool("simulated")).spans[("a2", "duty")]
+    for r in records:
+        r.edits.append(EditResult(family="duty_rollback", agent_id="a2", span=duty, description="", reward=0.6,
+                                  delta=-0.1, value="Check the answer."))
+    cfg = TrainConfig(model=str(tiny), grpo=dict(cf_pair_coef=1.0)).grpo
+    pairs = record_pairs(records, record_credit(records, cfg), cfg, policy.tokenizer)
+    assert len(pairs) == 2  # one per record: the capacity reset's
+    assert all(not p.original_better for p in pairs)  # the reset to `small` measured better
+    word = policy.tokenizer(" small", add_special_tokens=False)["input_ids"]
+    assert all(p.edited == word for p in pairs)

@@ -62,10 +62,10 @@ class GRPOConfig(BaseModel):
     )
     cf_pair_coef: float = Field(
         default=0.0, ge=0,
-        description="weight of the pairwise term: for each value-replacing edit (capacity, duty), a bounded "
-        "preference loss between the span's sampled value and the edit's value at the same prefix, pushing up "
-        "the one with the higher measured reward. Unlike the span term it moves the alternative's log-prob "
-        "too, so a value the policy writes with p ≈ 1 can still lose to a better one. 0 = off",
+        description="weight of the pairwise term: for each capacity edit, a bounded preference loss between the "
+        "level the policy wrote and the edit's level at the same prefix, pushing up the one with the higher "
+        "measured reward. Unlike the span term it moves the alternative's log-prob too, so a level the policy "
+        "writes with p ≈ 1 can still lose to a better one. 0 = off",
     )
     cf_pair_beta: float = Field(
         default=0.1, gt=0,
