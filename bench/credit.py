@@ -669,7 +669,7 @@ def main() -> None:
     add("--credit", choices=["calibrated", "legacy"], default="calibrated",
         help="calibrated: the trainer's credit with --std-floor and --cf-max-ratio; legacy: the paper's formula (no "
              "std floor, no cap; those two options are then ignored). Both arms use it")
-    add("--pair-coef", type=float, default=1.0,
+    add("--pair-coef", type=float, default=0.3,
         help="cf_pair_coef of the grpo+pair arm: weight of the pairwise term (GRPOConfig.cf_pair_coef)")
     add("--pair-beta", type=float, default=GRPOConfig().cf_pair_beta,
         help="cf_pair_beta of the grpo+pair arm: scale of the log-prob margin inside −log σ(·)")

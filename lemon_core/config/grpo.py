@@ -65,7 +65,8 @@ class GRPOConfig(BaseModel):
         description="weight of the pairwise term: for each capacity edit, a bounded preference loss between the "
         "level the policy wrote and the edit's level at the same prefix, pushing up the one with the higher "
         "measured reward. Unlike the span term it moves the alternative's log-prob too, so a level the policy "
-        "writes with p ≈ 1 can still lose to a better one. 0 = off",
+        "writes with p ≈ 1 can still lose to a better one: for a warm-up that collapsed onto one spec (0.3; "
+        "docs/training.md). 0 = off",
     )
     cf_pair_beta: float = Field(
         default=0.1, gt=0,
