@@ -69,7 +69,10 @@ class CounterfactualEdit:
     span: tuple[int, int]
     spec: OrchestrationSpec
     description: str
-    value: str | None = None  # the value the edit puts in the span (a level, a duty); None: it removes the span
+    # the level a capacity edit puts in the span, for the pairwise credit term (``credit.pair_loss``); None for the
+    # other families: a dropped dependency writes nothing there, and a duty's pair would push a whole sentence down
+    # token by token against the reference (DPO's failure on long spans), which garbled specs on the credit bench
+    value: str | None = None
 
 
 def _replace_agent(spec: OrchestrationSpec, agent_id: str, **update: object) -> OrchestrationSpec:
@@ -117,7 +120,7 @@ def counterfactual_edits(
         default_duty = BASE_ROLES[agent.base_role]
         if agent.duty.strip() != default_duty:
             add(EditFamily.duty_rollback, agent.id, "duty", f"{agent.id}: duty back to the {agent.base_role} default",
-                value=default_duty, duty=default_duty)
+                duty=default_duty)
         if (lower := pool.downgrade(agent.capacity)) is not None:
             add(EditFamily.capacity_downgrade, agent.id, "capacity",
                 f"{agent.id}: capacity {agent.capacity} -> {lower}", value=lower, capacity=lower)
@@ -136,8 +139,8 @@ def written_value(parsed: ParsedSpec, edit: CounterfactualEdit, pool: CapacityPo
 
     The pairwise credit term (``credit.pair_loss``) scores the edit's value at the place the policy wrote the
     original one, so it needs text, not a spec. The value is taken verbatim only where the completion with it
-    written in parses to exactly ``edit.spec``: a duty that would need quoting there, or an edit that removes a
-    field (a dropped dependency has no alternative value at that place), gets None and no pairwise term.
+    written in parses to exactly ``edit.spec``; an edit without a value (``CounterfactualEdit.value``) gets None
+    and no pairwise term.
     """
     if edit.value is None:
         return None

@@ -2,9 +2,8 @@
 + KL optimizer step per PPO epoch with gradient accumulation over micro-batches.
 
 The advantages live in ``credit.py`` and the loss in ``grpo.py``; so does the pairwise term (``credit.pair_loss``,
-with ``grpo.cf_pair_coef`` > 0), whose rows this file builds: each value-replacing edit's two values written at
-the same prefix, scored under the policy and the reference and added to the same gradient. This file only feeds them:
-it packs
+with ``grpo.cf_pair_coef`` > 0), whose rows this file builds: each capacity edit's two levels written at the same
+prefix, scored under the policy and the reference and added to the same gradient. This file only feeds them: it packs
 records into micro-batches, computes the reference log-probs, scales each micro-batch's loss to the
 whole batch (over all ranks) and lets the distributed strategy (``dist.py``) reduce the gradients.
 """
@@ -21,7 +20,6 @@ import torch
 
 from lemon_core import fsdp
 from lemon_core.config import GRPOConfig, TrainConfig
-from lemon_core.counterfactual import EditFamily
 from lemon_core.credit import (
     Credit,
     SpanPair,
@@ -52,21 +50,14 @@ def record_credit(records: Sequence[RolloutRecord], cfg: GRPOConfig) -> Credit:
     )
 
 
-# Edits whose two values the pairwise term compares: capacity levels, one word each. A duty rollback's pair would
-# push a whole sentence down token by token against the reference (DPO's failure on long spans: the mass goes to
-# text neither value wrote), and on the credit bench it did: garbled specs and a policy far from the optimum.
-PAIR_FAMILIES = frozenset(f.value for f in (EditFamily.capacity_reset, EditFamily.capacity_downgrade,
-                                            EditFamily.capacity_upgrade))
-
-
 def record_pairs(records: Sequence[RolloutRecord], credit: Credit, cfg: GRPOConfig, tokenizer: Any) -> list[SpanPair]:
-    """The pairwise term's pairs (``credit.pair_loss``): one per capacity edit (``PAIR_FAMILIES``) that wrote
-    another level in the span (``EditResult.value``) and measured a contrast of at least ``cf_pair_min_contrast``
-    in advantage units; Δ = 0 says neither value is better and makes no pair."""
+    """The pairwise term's pairs (``credit.pair_loss``): one per edit that wrote another value in the span
+    (``EditResult.value``: capacity edits only, ``CounterfactualEdit.value``) and measured a contrast of at least
+    ``cf_pair_min_contrast`` in advantage units; Δ = 0 says neither value is better and makes no pair."""
     pairs = []
     for row, r in enumerate(records):
         for e in r.edits:
-            if e.family not in PAIR_FAMILIES or e.value is None or e.delta == 0 or e.span[1] <= e.span[0]:
+            if e.value is None or e.delta == 0 or e.span[1] <= e.span[0]:
                 continue
             if abs(e.delta) / credit.divisors[row] < cfg.cf_pair_min_contrast:
                 continue
@@ -181,7 +172,6 @@ def grpo_update(
              if credit is not None and cfg.grpo.cf_pair_coef > 0 else [])
     pair_batches = pair_micro_batches(policy, ref_model, records, pairs, cfg.optim.micro_batch_size)
     total_pairs = all_reduce_sum(float(len(pairs))) if cfg.grpo.cf_pair_coef > 0 else 0.0
-    n_pair_micro = strategy.micro_batches(len(pair_batches)) if cfg.grpo.cf_pair_coef > 0 else 0
     keep = [not (cfg.rollout.mask_truncated and r.truncated) for r in records]  # truncated: no gradient
     total_tokens = all_reduce_sum(float(sum(len(r.completion_ids) for r, k in zip(records, keep, strict=True) if k)))
     total_seqs = all_reduce_sum(float(sum(1 for r, k in zip(records, keep, strict=True) if k and r.completion_ids)))
@@ -215,12 +205,9 @@ def grpo_update(
                 sums[k] += v * (tokens if k != "loss" else 1.0)
             sums["_tokens"] += tokens
             bar.update(1)
-        for i in range(n_pair_micro):  # the pairwise term, into the same gradient (FSDP: every rank as many)
-            if i >= len(pair_batches):
-                loss, _, _ = micro_batch_loss(policy, ref_model, padding, cfg, total_tokens, total_seqs)
-                (loss * 0.0).backward()
-                continue
-            loss, stats = pair_micro_loss(policy, pair_batches[i], cfg.grpo, total_pairs)
+        for pair_batch in pair_batches:  # the pairwise term, into the same gradient (a replicate rank's forwards are
+            # its own, so ranks may score different numbers of pairs; FSDP is refused above)
+            loss, stats = pair_micro_loss(policy, pair_batch, cfg.grpo, total_pairs)
             loss.backward()
             for k, v in stats.items():
                 sums[k] += v

@@ -44,7 +44,7 @@ def test_written_value_is_the_edits_value_only_where_the_text_reads_as_the_edite
     assert written_value(parsed, edits[(EditFamily.capacity_downgrade, "a1")], pool) == "medium"
     assert written_value(parsed, edits[(EditFamily.drop_dependency, "a2")], pool) is None  # no value to write
     rollback = edits[(EditFamily.duty_rollback, "a2")]
-    assert written_value(parsed, rollback, pool) in (rollback.value, None)  # verbatim, or refused if it won't parse
+    assert rollback.value is None and written_value(parsed, rollback, pool) is None  # capacity edits only
 
 
 @pytest.fixture(scope="module")
@@ -132,14 +132,16 @@ def test_the_pair_term_is_refused_under_fsdp(tiny: Path) -> None:
 
 
 def test_only_capacity_edits_make_pairs(tiny: Path) -> None:
-    """A duty rollback also writes a value in its span, but its pair would push a whole sentence down against the
-    reference; only the capacity edit's two levels are compared."""
+    """A duty rollback changes a span too, but its pair would push a whole sentence down against the reference: the
+    edit carries no value to write there, so its measured contrast makes no pair; the capacity reset's does."""
+    pool = load_pool("simulated")
     policy = OrchestratorPolicy.load(str(tiny), include_roles=False, include_format=False)
     records = _records(policy, delta=-0.05)
-    duty = parse_spec(records[0].text, load_pool("simulated")).spans[("a2", "duty")]
+    parsed = parse_spec(records[0].text, pool)
+    rollback = next(e for e in counterfactual_edits(parsed, pool, [EditFamily.duty_rollback]) if e.agent_id == "a2")
     for r in records:
-        r.edits.append(EditResult(family="duty_rollback", agent_id="a2", span=duty, description="", reward=0.6,
-                                  delta=-0.1, value="Check the answer."))
+        r.edits.append(EditResult(family="duty_rollback", agent_id="a2", span=rollback.span, description="",
+                                  reward=0.6, delta=-0.1, value=written_value(parsed, rollback, pool)))
     cfg = TrainConfig(model=str(tiny), grpo=dict(cf_pair_coef=1.0)).grpo
     pairs = record_pairs(records, record_credit(records, cfg), cfg, policy.tokenizer)
     assert len(pairs) == 2  # one per record: the capacity reset's
