@@ -372,6 +372,15 @@ def arm_calls(runs: Sequence[dict], budget: dict[int, float], key: str = "steps_
     return [calls_to_target(r, key, budget.get(r.get("seed", 0))) for r in runs]
 
 
+def paired_calls(
+    grpo: Sequence[dict], cf: Sequence[dict], key: str = "steps_to_target",
+) -> tuple[list[float], list[float]]:
+    """(grpo's, the cf arm's) calls to the target per seed, a censored run at the budget of these two arms only, so
+    a third arm run beside them does not move their ratio."""
+    budget = budgets({"grpo": list(grpo), "cf": list(cf)})
+    return arm_calls(grpo, budget, key), arm_calls(cf, budget, key)
+
+
 def mean_se(values: Sequence[float]) -> tuple[float, float]:
     m = statistics.fmean(values)
     return m, (standard_error(values) if len(values) > 1 else float("nan"))
@@ -480,15 +489,13 @@ def summarize_seeds(results: dict[str, list[dict]], steps: int, window: int) -> 
         grpo_steps = [r["steps_to_target"] for r in results["grpo"]]
         cf_steps = [r["steps_to_target"] for r in results[arm]]
         diff, se = mean_se([c - g for g, c in zip(grpo_steps, cf_steps, strict=True)])
-        pair_budget = budgets({"grpo": results["grpo"], arm: results[arm]})  # a third arm must not move this ratio
-        grpo_calls, cf_calls = arm_calls(results["grpo"], pair_budget), arm_calls(results[arm], pair_budget)
+        grpo_calls, cf_calls = paired_calls(results["grpo"], results[arm])
         low, high = ratio_interval(grpo_calls, cf_calls)
         print(f"paired {label} - grpo steps_to_90%: {diff:+.2f} ± {se:.2f} (s.e.); calls ratio 95% interval "
               f"[{low:.3f}, {high:.3f}] (bootstrap over seeds, resampled in pairs)")
         ratios[f"ratio[{arm}]"] = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
-        ratios[f"raw_ratio[{arm}]"] = (statistics.fmean(arm_calls(results[arm], pair_budget, "raw_steps_to_target"))
-                                       / statistics.fmean(arm_calls(results["grpo"], pair_budget,
-                                                                    "raw_steps_to_target")))
+        grpo_raw, cf_raw = paired_calls(results["grpo"], results[arm], "raw_steps_to_target")
+        ratios[f"raw_ratio[{arm}]"] = statistics.fmean(cf_raw) / statistics.fmean(grpo_raw)
     return ratios
 
 
@@ -505,8 +512,7 @@ def target_lines(results: dict[str, list[dict]], steps: int, held_out_from: int 
     for arm in CF_ARMS:
         if not held.get(arm):
             continue
-        budget = budgets({"grpo": held["grpo"], arm: held[arm]})
-        grpo_calls, cf_calls = arm_calls(held["grpo"], budget), arm_calls(held[arm], budget)
+        grpo_calls, cf_calls = paired_calls(held["grpo"], held[arm])
         ratio = statistics.fmean(cf_calls) / statistics.fmean(grpo_calls)
         low, high = ratio_interval(grpo_calls, cf_calls)
         verdict = "met" if ratio <= RATIO_TARGET else "not met"
